@@ -1,0 +1,45 @@
+package v1
+
+// Finalizer holds a Student until its deleted event has been acknowledged by
+// the broker, so deletes are never lost, even while the bridge is down.
+const Finalizer = "example.k8s.io/student-bridge"
+
+// CloudEvent types, one per operation, in reverse-DNS form.
+const (
+	// EventTypeCreated is published the first time the bridge sees a Student.
+	EventTypeCreated = "io.k8s.example.student.created"
+	// EventTypeUpdated is published when a Student's spec or labels changed
+	// since what was last published.
+	EventTypeUpdated = "io.k8s.example.student.updated"
+	// EventTypeDeleted is published once when a Student is deleted; it
+	// carries the Student's final state.
+	EventTypeDeleted = "io.k8s.example.student.deleted"
+	// EventTypeSnapshot is a replayed copy of a Student's current state, sent
+	// on request or at startup; it is not a change.
+	EventTypeSnapshot = "io.k8s.example.student.snapshot"
+)
+
+// Operations name the last token of the default NATS subjects
+// (student.created, student.updated, student.deleted, student.snapshot).
+const (
+	OperationCreated  = "created"
+	OperationUpdated  = "updated"
+	OperationDeleted  = "deleted"
+	OperationSnapshot = "snapshot"
+)
+
+// ConditionPublished is True when the Student's current generation and labels
+// have been published and acknowledged, and False with a reason otherwise.
+const ConditionPublished = "Published"
+
+// Reasons of the Published condition, also used for Kubernetes Events.
+const (
+	// ReasonPublished: the current state was published and acknowledged.
+	ReasonPublished = "Published"
+	// ReasonPublishFailed: publishing failed; the bridge retries with backoff.
+	ReasonPublishFailed = "PublishFailed"
+	// ReasonInvalid: the Student cannot be turned into an event (for
+	// example it would exceed the broker's maximum payload); retrying will
+	// not help until the Student changes.
+	ReasonInvalid = "InvalidEvent"
+)

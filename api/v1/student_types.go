@@ -1,0 +1,112 @@
+package v1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// StudentSpec is the desired state of a Student: who the student is and which
+// school they attend. Business services receive it in every CloudEvent.
+type StudentSpec struct {
+	// name is the student's name.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Name string `json:"name"`
+
+	// school is the school the student attends.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	School string `json:"school"`
+}
+
+// PublishedEvent records the last CloudEvent the bridge published for a
+// Student and JetStream acknowledged.
+type PublishedEvent struct {
+	// type is the CloudEvent type, e.g. io.k8s.example.student.created.
+	// +required
+	Type string `json:"type"`
+
+	// id is the CloudEvent id, also sent as the JetStream Nats-Msg-Id.
+	// +required
+	ID string `json:"id"`
+
+	// time is when the event was published.
+	// +required
+	Time metav1.Time `json:"time"`
+
+	// generation is the metadata.generation of the Student that was published.
+	// +required
+	Generation int64 `json:"generation"`
+
+	// sequence is the JetStream stream sequence of the event; 0 when the
+	// bridge publishes on core NATS, which has no sequence.
+	// +optional
+	Sequence int64 `json:"sequence,omitempty"`
+
+	// spec is the spec that was published.
+	// +required
+	Spec StudentSpec `json:"spec"`
+
+	// labels are the labels that were published.
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// StudentStatus is what the bridge observed and published for a Student.
+type StudentStatus struct {
+	// observedGeneration is the metadata.generation the bridge last handled.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// lastPublished is the last event JetStream acknowledged for this Student.
+	// +optional
+	LastPublished *PublishedEvent `json:"lastPublished,omitempty"`
+
+	// conditions describe the Student's publishing state; see ConditionPublished.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=stu,scope=Namespaced
+// +kubebuilder:metadata:annotations="api-approved.kubernetes.io=unapproved, example group for the student-bridge tutorial"
+// +kubebuilder:printcolumn:name="Student",type=string,JSONPath=`.spec.name`
+// +kubebuilder:printcolumn:name="School",type=string,JSONPath=`.spec.school`
+// +kubebuilder:printcolumn:name="Published",type=string,JSONPath=`.status.conditions[?(@.type=="Published")].status`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+
+// Student is a student at a school. Every change to a Student is published as
+// a CloudEvent on NATS by student-bridge.
+type Student struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// metadata is the standard object metadata.
+	// +optional
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// spec is the desired state of the Student.
+	// +required
+	Spec StudentSpec `json:"spec"`
+
+	// status is what the bridge has published for the Student.
+	// +optional
+	Status StudentStatus `json:"status,omitempty"`
+}
+
+// +kubebuilder:object:root=true
+
+// StudentList is a list of Students.
+type StudentList struct {
+	metav1.TypeMeta `json:",inline"`
+
+	// metadata is the standard list metadata.
+	// +optional
+	metav1.ListMeta `json:"metadata,omitempty"`
+
+	// items are the Students.
+	Items []Student `json:"items"`
+}

@@ -1,0 +1,109 @@
+// Command student-bridge publishes every change of a Student custom resource
+// as a CloudEvent on NATS and as a Kubernetes Event on the Student.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	"github.com/student-bridge/student-bridge/internal/bridge"
+	"github.com/student-bridge/student-bridge/internal/config"
+)
+
+func main() {
+	if err := newRootCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(1)
+	}
+}
+
+// signalContext is cancelled on the first SIGINT or SIGTERM; a second one
+// exits at once.
+func signalContext() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ch
+		cancel()
+		<-ch
+		os.Exit(1)
+	}()
+	return ctx, cancel
+}
+
+// addLogFlags registers the zap logging flags (--zap-log-level, --zap-devel,
+// ...) and returns a function that installs the logger once flags are parsed.
+func addLogFlags(fs *pflag.FlagSet) func() {
+	opts := zap.Options{Development: false}
+	gfs := flag.NewFlagSet("log", flag.ContinueOnError)
+	opts.BindFlags(gfs)
+	fs.AddGoFlagSet(gfs)
+	return func() { ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts))) }
+}
+
+func newRootCommand() *cobra.Command {
+	var configFile string
+	cmd := &cobra.Command{
+		Use:   "student-bridge",
+		Short: "Publish every Student change as a CloudEvent on NATS and a Kubernetes Event",
+		Long: `student-bridge watches Students (example.k8s.io/v1, short name stu) and
+publishes every create, update and delete as a CloudEvent on NATS subjects
+student.created, student.updated and student.deleted (subscribe to student.*),
+stored in a JetStream stream for replay, and records a Kubernetes Event on the
+Student.
+
+Configuration comes from defaults, the --config file, STUDENT_BRIDGE_* environment
+variables and flags, each overriding the one before. Every key, its default and
+its environment variable are listed in configs/student-bridge.yaml.`,
+		SilenceUsage: true,
+		Args:         cobra.NoArgs,
+	}
+	cmd.PersistentFlags().StringVar(&configFile, "config", "", "Path to a YAML config file (see configs/student-bridge.yaml).")
+	loader := config.New(cmd.Flags())
+	setupLog := addLogFlags(cmd.PersistentFlags())
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		setupLog()
+		cfg, err := loader.Load(configFile)
+		if err != nil {
+			return err
+		}
+		restCfg, err := restConfig(cfg)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := signalContext()
+		defer cancel()
+		return bridge.Run(ctx, cfg, restCfg)
+	}
+	cmd.AddCommand(newDevCommand(setupLog, &configFile))
+	return cmd
+}
+
+// restConfig keeps the tutorial's --kubeconfig and --master flags; without
+// them it uses KUBECONFIG, ~/.kube/config or the in-cluster config.
+func restConfig(cfg *config.Config) (*rest.Config, error) {
+	if cfg.Kubeconfig == "" && cfg.Master == "" {
+		c, err := ctrl.GetConfig()
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes config (set --kubeconfig or KUBECONFIG): %w", err)
+		}
+		return c, nil
+	}
+	c, err := clientcmd.BuildConfigFromFlags(cfg.Master, cfg.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes config from --kubeconfig %q --master %q: %w", cfg.Kubeconfig, cfg.Master, err)
+	}
+	return c, nil
+}

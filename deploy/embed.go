@@ -1,0 +1,11 @@
+// Package deploy holds the manifests users apply. The Go side embeds the
+// generated CRD so that tests and the local stack install exactly what
+// users install.
+package deploy
+
+import "embed"
+
+// CRDs holds deploy/crd/*.yaml.
+//
+//go:embed crd/*.yaml
+var CRDs embed.FS

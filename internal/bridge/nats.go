@@ -1,0 +1,125 @@
+package bridge
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/student-bridge/student-bridge/internal/config"
+)
+
+var (
+	natsConnected = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "student_bridge_nats_connected",
+		Help: "1 while the bridge is connected to NATS, 0 otherwise.",
+	})
+	natsReconnects = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "student_bridge_nats_reconnects_total",
+		Help: "Times the bridge reconnected to NATS.",
+	})
+	natsDisconnects = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "student_bridge_nats_disconnects_total",
+		Help: "Times the bridge lost its NATS connection.",
+	})
+)
+
+func init() {
+	metrics.Registry.MustRegister(natsConnected, natsReconnects, natsDisconnects)
+}
+
+// ConnectNATS connects to NATS as configured. An unreachable server is not an
+// error: the connection keeps retrying in the background (publishes fail
+// with sink.ErrNotConnected meanwhile and are retried). Bad credentials
+// files are errors. Secrets are never logged.
+func ConnectNATS(c config.NATS, log logr.Logger) (*nats.Conn, error) {
+	opts := []nats.Option{
+		nats.Name(c.Name),
+		nats.Timeout(c.ConnectTimeout),
+		nats.ReconnectWait(c.ReconnectWait),
+		nats.MaxReconnects(c.MaxReconnects),
+		nats.RetryOnFailedConnect(true),
+		// No reconnect buffer: a publish while disconnected fails at once
+		// instead of sitting in a buffer that may never be flushed.
+		nats.ReconnectBufSize(-1),
+		nats.ConnectHandler(func(nc *nats.Conn) {
+			natsConnected.Set(1)
+			log.Info("connected to NATS", "server", nc.ConnectedUrlRedacted())
+		}),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			natsConnected.Set(0)
+			natsDisconnects.Inc()
+			log.Info("disconnected from NATS", "reason", fmt.Sprint(err))
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			natsConnected.Set(1)
+			natsReconnects.Inc()
+			log.Info("reconnected to NATS", "server", nc.ConnectedUrlRedacted())
+		}),
+		nats.ClosedHandler(func(*nats.Conn) {
+			natsConnected.Set(0)
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			log.Error(err, "NATS error")
+		}),
+	}
+
+	a := c.Auth
+	password, err := secret(a.Password, a.PasswordFile, "nats.auth.passwordFile")
+	if err != nil {
+		return nil, err
+	}
+	token, err := secret(a.Token, a.TokenFile, "nats.auth.tokenFile")
+	if err != nil {
+		return nil, err
+	}
+	if a.User != "" {
+		opts = append(opts, nats.UserInfo(a.User, password))
+	}
+	if token != "" {
+		opts = append(opts, nats.Token(token))
+	}
+	if a.NkeySeedFile != "" {
+		opt, err := nats.NkeyOptionFromSeed(a.NkeySeedFile)
+		if err != nil {
+			return nil, fmt.Errorf("config key nats.auth.nkeySeedFile: %w", err)
+		}
+		opts = append(opts, opt)
+	}
+	if a.CredsFile != "" {
+		if _, err := os.ReadFile(a.CredsFile); err != nil {
+			return nil, fmt.Errorf("config key nats.auth.credsFile: %w", err)
+		}
+		opts = append(opts, nats.UserCredentials(a.CredsFile))
+	}
+	if c.TLS.CAFile != "" {
+		opts = append(opts, nats.RootCAs(c.TLS.CAFile))
+	}
+	if c.TLS.CertFile != "" {
+		opts = append(opts, nats.ClientCert(c.TLS.CertFile, c.TLS.KeyFile))
+	}
+
+	nc, err := nats.Connect(c.URLs, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS %s: %w", config.Redacted(c.URLs), err)
+	}
+	if !nc.IsConnected() {
+		log.Info("NATS not reachable yet; retrying in the background", "urls", config.Redacted(c.URLs), "reconnectWait", c.ReconnectWait.String())
+	}
+	return nc, nil
+}
+
+func secret(value, file, key string) (string, error) {
+	if file == "" {
+		return value, nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("config key %s: %w", key, err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}

@@ -1,0 +1,367 @@
+// Package config loads the bridge's configuration from defaults, a YAML file,
+// STUDENT_BRIDGE_* environment variables and command-line flags, in rising
+// order of precedence, with one viper instance per load.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// EnvPrefix prefixes every environment variable: nats.urls is read from
+// STUDENT_BRIDGE_NATS_URLS.
+const EnvPrefix = "STUDENT_BRIDGE"
+
+// Config is the whole configuration of the bridge.
+type Config struct {
+	Kubeconfig     string         `mapstructure:"kubeconfig"`
+	Master         string         `mapstructure:"master"`
+	Cluster        string         `mapstructure:"cluster"`
+	Namespaces     []string       `mapstructure:"namespaces"`
+	LabelSelector  string         `mapstructure:"labelSelector"`
+	Workers        int            `mapstructure:"workers"`
+	MetricsAddr    string         `mapstructure:"metricsAddr"`
+	HealthAddr     string         `mapstructure:"healthAddr"`
+	Events         bool           `mapstructure:"kubernetesEvents"`
+	LeaderElection LeaderElection `mapstructure:"leaderElection"`
+	Retry          Retry          `mapstructure:"retry"`
+	NATS           NATS           `mapstructure:"nats"`
+	ShutdownGrace  time.Duration  `mapstructure:"shutdownTimeout"`
+}
+
+// LeaderElection configures the lease that keeps one replica active.
+type LeaderElection struct {
+	Enabled   bool   `mapstructure:"enabled"`
+	Namespace string `mapstructure:"namespace"`
+	ID        string `mapstructure:"id"`
+}
+
+// Retry bounds the exponential backoff of failed publishes.
+type Retry struct {
+	BaseDelay time.Duration `mapstructure:"baseDelay"`
+	MaxDelay  time.Duration `mapstructure:"maxDelay"`
+}
+
+// NATS configures the connection, the encoding and the stream.
+type NATS struct {
+	URLs           string        `mapstructure:"urls"`
+	Name           string        `mapstructure:"name"`
+	Mode           string        `mapstructure:"mode"`
+	Encoding       string        `mapstructure:"encoding"`
+	SubjectPrefix  string        `mapstructure:"subjectPrefix"`
+	SubjectLayout  string        `mapstructure:"subjectLayout"`
+	ConnectTimeout time.Duration `mapstructure:"connectTimeout"`
+	ReconnectWait  time.Duration `mapstructure:"reconnectWait"`
+	MaxReconnects  int           `mapstructure:"maxReconnects"`
+	AckTimeout     time.Duration `mapstructure:"ackTimeout"`
+	Auth           Auth          `mapstructure:"auth"`
+	TLS            TLS           `mapstructure:"tls"`
+	Stream         Stream        `mapstructure:"stream"`
+}
+
+// Auth holds NATS credentials. Secrets come from files or environment
+// variables, never from flags, and are never logged.
+type Auth struct {
+	User         string `mapstructure:"user"`
+	Password     string `mapstructure:"password"`
+	PasswordFile string `mapstructure:"passwordFile"`
+	Token        string `mapstructure:"token"`
+	TokenFile    string `mapstructure:"tokenFile"`
+	NkeySeedFile string `mapstructure:"nkeySeedFile"`
+	CredsFile    string `mapstructure:"credsFile"`
+}
+
+// TLS configures server verification and client certificates.
+type TLS struct {
+	CAFile   string `mapstructure:"caFile"`
+	CertFile string `mapstructure:"certFile"`
+	KeyFile  string `mapstructure:"keyFile"`
+}
+
+// Stream configures the JetStream stream.
+type Stream struct {
+	Name       string        `mapstructure:"name"`
+	Create     bool          `mapstructure:"create"`
+	Storage    string        `mapstructure:"storage"`
+	Replicas   int           `mapstructure:"replicas"`
+	MaxAge     time.Duration `mapstructure:"maxAge"`
+	MaxBytes   int64         `mapstructure:"maxBytes"`
+	MaxMsgs    int64         `mapstructure:"maxMsgs"`
+	Discard    string        `mapstructure:"discard"`
+	Duplicates time.Duration `mapstructure:"duplicates"`
+}
+
+// Setting is one configuration key: its default, its flag (empty for keys
+// that must not be flags, like secrets) and what it means.
+type Setting struct {
+	Key     string
+	Flag    string
+	Default any
+	Help    string
+}
+
+// Settings lists every key. The documented file configs/student-bridge.yaml
+// and the --help text are kept in line with it by tests.
+var Settings = []Setting{
+	{"kubeconfig", "kubeconfig", "", "Path to a kubeconfig. Only required if out-of-cluster; KUBECONFIG and in-cluster config are used otherwise."},
+	{"master", "master", "", "The address of the Kubernetes API server. Overrides any value in kubeconfig. Only required if out-of-cluster."},
+	{"cluster", "cluster", "default", "Cluster name used in the CloudEvent source (/clusters/<cluster>/apis/example.k8s.io/v1/students)."},
+	{"namespaces", "namespaces", []string{}, "Namespaces to watch, comma separated. Empty watches all namespaces."},
+	{"labelSelector", "label-selector", "", "Only Students matching this label selector are published."},
+	{"workers", "workers", 4, "Students reconciled concurrently."},
+	{"metricsAddr", "metrics-bind-address", ":8080", "Address of the Prometheus /metrics endpoint; \"0\" disables it."},
+	{"healthAddr", "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; \"0\" disables them."},
+	{"kubernetesEvents", "kubernetes-events", true, "Record a Kubernetes Event on the Student for every publish and failure."},
+	{"shutdownTimeout", "shutdown-timeout", "30s", "How long a graceful shutdown waits for in-flight publishes."},
+	{"leaderElection.enabled", "leader-elect", true, "Use a Lease so that only one replica publishes at a time."},
+	{"leaderElection.namespace", "leader-election-namespace", "", "Namespace of the Lease; defaults to the pod's namespace in-cluster, else \"default\"."},
+	{"leaderElection.id", "leader-election-id", "student-bridge.example.k8s.io", "Name of the Lease."},
+	{"retry.baseDelay", "retry-base-delay", "500ms", "First delay before a failed publish is retried; it doubles on each failure."},
+	{"retry.maxDelay", "retry-max-delay", "1m", "Longest delay between retries of a failed publish."},
+	{"nats.urls", "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma separated."},
+	{"nats.name", "nats-name", "student-bridge", "Connection name shown by the NATS server."},
+	{"nats.mode", "nats-mode", "jetstream", "jetstream: wait for the stream's ack (at-least-once). core: publish and flush (at-most-once)."},
+	{"nats.encoding", "nats-encoding", "structured", "CloudEvents NATS binding mode: structured (JSON body) or binary (ce-* headers)."},
+	{"nats.subjectPrefix", "subject-prefix", "student", "First token of every subject."},
+	{"nats.subjectLayout", "subject-layout", "{prefix}.{op}", "Subject layout; tokens {prefix} {op} {namespace} {name}. Must start with {prefix}."},
+	{"nats.connectTimeout", "nats-connect-timeout", "5s", "Timeout of one connection attempt."},
+	{"nats.reconnectWait", "nats-reconnect-wait", "2s", "Wait between reconnection attempts."},
+	{"nats.maxReconnects", "nats-max-reconnects", -1, "Reconnection attempts before giving up; -1 retries forever."},
+	{"nats.ackTimeout", "nats-ack-timeout", "5s", "How long one publish waits for the JetStream acknowledgement."},
+	{"nats.auth.user", "nats-user", "", "NATS user name (password from nats.auth.passwordFile or STUDENT_BRIDGE_NATS_AUTH_PASSWORD)."},
+	{"nats.auth.password", "", "", "NATS password; set it by environment variable, not in a file in version control."},
+	{"nats.auth.passwordFile", "nats-password-file", "", "File holding the NATS password."},
+	{"nats.auth.token", "", "", "NATS token; set it by environment variable."},
+	{"nats.auth.tokenFile", "nats-token-file", "", "File holding the NATS token."},
+	{"nats.auth.nkeySeedFile", "nats-nkey-seed-file", "", "File holding an NKey seed."},
+	{"nats.auth.credsFile", "nats-creds-file", "", "JWT credentials file (user JWT and NKey seed)."},
+	{"nats.tls.caFile", "nats-tls-ca-file", "", "CA bundle to verify the NATS server."},
+	{"nats.tls.certFile", "nats-tls-cert-file", "", "Client certificate for mutual TLS."},
+	{"nats.tls.keyFile", "nats-tls-key-file", "", "Client key for mutual TLS."},
+	{"nats.stream.name", "stream-name", "STUDENTS", "JetStream stream that stores the events."},
+	{"nats.stream.create", "stream-create", true, "Create the stream if it is missing. An existing stream is never changed."},
+	{"nats.stream.storage", "stream-storage", "file", "Storage of a created stream: file or memory."},
+	{"nats.stream.replicas", "stream-replicas", 1, "Replicas of a created stream (3 on a 3-node cluster)."},
+	{"nats.stream.maxAge", "stream-max-age", "0s", "Drop events older than this; 0 keeps them (bounded by the size limits)."},
+	{"nats.stream.maxBytes", "stream-max-bytes", 0, "Size limit of a created stream in bytes; 0 is unlimited."},
+	{"nats.stream.maxMsgs", "stream-max-msgs", 0, "Message limit of a created stream; 0 is unlimited."},
+	{"nats.stream.discard", "stream-discard", "old", "When a created stream is full: old drops the oldest events, new refuses new ones (the bridge retries)."},
+	{"nats.stream.duplicates", "stream-duplicate-window", "2m", "Window in which the stream drops an event whose id it already stored."},
+}
+
+// Loader reads configuration. Create one per load with New.
+type Loader struct {
+	v     *viper.Viper
+	flags *pflag.FlagSet
+}
+
+// New returns a Loader with every default set and its flags registered on fs.
+func New(fs *pflag.FlagSet) *Loader {
+	v := viper.New()
+	v.SetEnvPrefix(EnvPrefix)
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	v.AutomaticEnv()
+	for _, s := range Settings {
+		v.SetDefault(s.Key, s.Default)
+		// AutomaticEnv only answers keys viper is asked for; binding makes
+		// Unmarshal see environment variables of nested keys too.
+		_ = v.BindEnv(s.Key, EnvName(s.Key))
+	}
+	l := &Loader{v: v, flags: fs}
+	if fs != nil {
+		for _, s := range Settings {
+			if s.Flag == "" {
+				continue
+			}
+			switch d := s.Default.(type) {
+			case bool:
+				fs.Bool(s.Flag, d, s.Help)
+			case int:
+				fs.Int(s.Flag, d, s.Help)
+			case []string:
+				fs.StringSlice(s.Flag, d, s.Help)
+			default:
+				fs.String(s.Flag, fmt.Sprint(d), s.Help)
+			}
+			_ = v.BindPFlag(s.Key, fs.Lookup(s.Flag))
+		}
+	}
+	return l
+}
+
+// EnvName is the environment variable of key.
+func EnvName(key string) string {
+	return EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+// Load reads file (if not empty), then the environment and the flags, and
+// returns the validated configuration.
+func (l *Loader) Load(file string) (*Config, error) {
+	if file != "" {
+		l.v.SetConfigFile(file)
+		l.v.SetConfigType("yaml")
+		if err := l.v.ReadInConfig(); err != nil {
+			return nil, fmt.Errorf("config file %s: %w", file, err)
+		}
+		if err := checkKnownKeys(l.v.AllKeys()); err != nil {
+			return nil, fmt.Errorf("config file %s: %w", file, err)
+		}
+	}
+	var c Config
+	var md mapstructure.Metadata
+	err := l.v.Unmarshal(&c, func(dc *mapstructure.DecoderConfig) {
+		dc.Metadata = &md
+		dc.ErrorUnused = false
+		dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(
+			mapstructure.StringToTimeDurationHookFunc(),
+			mapstructure.StringToSliceHookFunc(","),
+		)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", explainDecodeError(err))
+	}
+	c.Namespaces = trimAll(c.Namespaces)
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}
+
+func checkKnownKeys(keys []string) error {
+	known := map[string]bool{}
+	for _, s := range Settings {
+		known[strings.ToLower(s.Key)] = true
+	}
+	var unknown []string
+	for _, k := range keys {
+		if !known[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) > 0 {
+		return fmt.Errorf("unknown key(s) %s", strings.Join(unknown, ", "))
+	}
+	return nil
+}
+
+// explainDecodeError keeps mapstructure's message, which names the key, but
+// drops its "decoding failed due to the following error(s)" preamble.
+func explainDecodeError(err error) error {
+	var de *mapstructure.DecodeError
+	if errors.As(err, &de) {
+		return fmt.Errorf("key %s: %w", de.Name(), de.Unwrap())
+	}
+	return err
+}
+
+func trimAll(in []string) []string {
+	var out []string
+	for _, s := range in {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Validate checks every key and names the first bad one.
+func (c *Config) Validate() error {
+	bad := func(key string, format string, args ...any) error {
+		return fmt.Errorf("config key %s (env %s): %s", key, EnvName(key), fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.Cluster == "" || strings.ContainsAny(c.Cluster, "/ \t"):
+		return bad("cluster", "%q must be non-empty without '/' or spaces", c.Cluster)
+	case c.Workers < 1:
+		return bad("workers", "%d must be at least 1", c.Workers)
+	case c.Retry.BaseDelay <= 0:
+		return bad("retry.baseDelay", "%s must be positive", c.Retry.BaseDelay)
+	case c.Retry.MaxDelay < c.Retry.BaseDelay:
+		return bad("retry.maxDelay", "%s must be at least retry.baseDelay (%s)", c.Retry.MaxDelay, c.Retry.BaseDelay)
+	case c.ShutdownGrace <= 0:
+		return bad("shutdownTimeout", "%s must be positive", c.ShutdownGrace)
+	case c.LeaderElection.Enabled && c.LeaderElection.ID == "":
+		return bad("leaderElection.id", "must be set when leader election is enabled")
+	case strings.TrimSpace(c.NATS.URLs) == "":
+		return bad("nats.urls", "must name at least one server")
+	case c.NATS.Mode != "jetstream" && c.NATS.Mode != "core":
+		return bad("nats.mode", "%q: want jetstream or core", c.NATS.Mode)
+	case c.NATS.Encoding != "structured" && c.NATS.Encoding != "binary":
+		return bad("nats.encoding", "%q: want structured or binary", c.NATS.Encoding)
+	case c.NATS.ConnectTimeout <= 0:
+		return bad("nats.connectTimeout", "%s must be positive", c.NATS.ConnectTimeout)
+	case c.NATS.ReconnectWait <= 0:
+		return bad("nats.reconnectWait", "%s must be positive", c.NATS.ReconnectWait)
+	case c.NATS.MaxReconnects < -1:
+		return bad("nats.maxReconnects", "%d: want -1 (forever) or more", c.NATS.MaxReconnects)
+	case c.NATS.AckTimeout <= 0:
+		return bad("nats.ackTimeout", "%s must be positive", c.NATS.AckTimeout)
+	case c.NATS.Auth.Password != "" && c.NATS.Auth.PasswordFile != "":
+		return bad("nats.auth.passwordFile", "set either the password or the password file, not both")
+	case c.NATS.Auth.Token != "" && c.NATS.Auth.TokenFile != "":
+		return bad("nats.auth.tokenFile", "set either the token or the token file, not both")
+	case (c.NATS.TLS.CertFile == "") != (c.NATS.TLS.KeyFile == ""):
+		return bad("nats.tls.certFile", "the client certificate and key (nats.tls.keyFile) go together")
+	case c.NATS.Stream.Name == "" || strings.ContainsAny(c.NATS.Stream.Name, ". *>\t"):
+		return bad("nats.stream.name", "%q must be non-empty without '.', '*', '>' or spaces", c.NATS.Stream.Name)
+	case c.NATS.Stream.Storage != "file" && c.NATS.Stream.Storage != "memory":
+		return bad("nats.stream.storage", "%q: want file or memory", c.NATS.Stream.Storage)
+	case c.NATS.Stream.Replicas < 1 || c.NATS.Stream.Replicas > 5:
+		return bad("nats.stream.replicas", "%d: want 1 to 5", c.NATS.Stream.Replicas)
+	case c.NATS.Stream.MaxAge < 0:
+		return bad("nats.stream.maxAge", "%s must not be negative", c.NATS.Stream.MaxAge)
+	case c.NATS.Stream.MaxBytes < 0:
+		return bad("nats.stream.maxBytes", "%d must not be negative", c.NATS.Stream.MaxBytes)
+	case c.NATS.Stream.MaxMsgs < 0:
+		return bad("nats.stream.maxMsgs", "%d must not be negative", c.NATS.Stream.MaxMsgs)
+	case c.NATS.Stream.Discard != "old" && c.NATS.Stream.Discard != "new":
+		return bad("nats.stream.discard", "%q: want old or new", c.NATS.Stream.Discard)
+	case c.NATS.Stream.Duplicates <= 0:
+		return bad("nats.stream.duplicates", "%s must be positive: ids deduplicate republished events", c.NATS.Stream.Duplicates)
+	}
+	for _, addr := range []struct{ key, val string }{{"metricsAddr", c.MetricsAddr}, {"healthAddr", c.HealthAddr}} {
+		if addr.val == "0" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(addr.val); err != nil {
+			return bad(addr.key, "%q is not host:port: %v", addr.val, err)
+		}
+	}
+	for _, f := range []struct{ key, path string }{
+		{"kubeconfig", c.Kubeconfig},
+		{"nats.auth.passwordFile", c.NATS.Auth.PasswordFile}, {"nats.auth.tokenFile", c.NATS.Auth.TokenFile},
+		{"nats.auth.nkeySeedFile", c.NATS.Auth.NkeySeedFile}, {"nats.auth.credsFile", c.NATS.Auth.CredsFile},
+		{"nats.tls.caFile", c.NATS.TLS.CAFile}, {"nats.tls.certFile", c.NATS.TLS.CertFile}, {"nats.tls.keyFile", c.NATS.TLS.KeyFile},
+	} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			return bad(f.key, "%v", err)
+		}
+	}
+	return nil
+}
+
+// Redacted returns the NATS URLs with any user info replaced, for logs.
+func Redacted(urls string) string {
+	var out []string
+	for _, u := range strings.Split(urls, ",") {
+		u = strings.TrimSpace(u)
+		if scheme, rest, ok := strings.Cut(u, "://"); ok {
+			if _, host, ok := strings.Cut(rest, "@"); ok {
+				u = scheme + "://redacted@" + host
+			}
+		}
+		out = append(out, u)
+	}
+	return strings.Join(out, ",")
+}

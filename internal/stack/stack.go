@@ -1,0 +1,247 @@
+// Package stack starts the real components the bridge runs against: a
+// kube-apiserver and etcd (controller-runtime envtest, with the binaries the
+// Makefile builds) with the Student CRD installed, and an in-process NATS
+// server with JetStream. Tests, benchmarks and `student-bridge dev` share it.
+package stack
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+
+	"github.com/student-bridge/student-bridge/deploy"
+	"github.com/student-bridge/student-bridge/internal/bridge"
+)
+
+// Options configure a Stack. The zero value is what tests want: random
+// ports and temporary directories.
+type Options struct {
+	// AssetsDir holds kube-apiserver, etcd and kubectl. Default: the
+	// KUBEBUILDER_ASSETS environment variable, else the repository's bin/.
+	AssetsDir string
+	// EtcdDataDir keeps the cluster's state across restarts; default is a
+	// temporary directory removed on Stop.
+	EtcdDataDir string
+	// NATS configures the embedded NATS server.
+	NATS NATSOptions
+}
+
+// Stack is a running kube-apiserver + etcd + NATS.
+type Stack struct {
+	Env        *envtest.Environment
+	RestConfig *rest.Config
+	// Client is an admin client that knows the Student type.
+	Client client.Client
+	NATS   *NATS
+}
+
+// Start starts the control plane and NATS. Stop undoes everything, also
+// when Start fails half-way.
+func Start(opts Options) (*Stack, error) {
+	assets, err := AssetsDir(opts.AssetsDir)
+	if err != nil {
+		return nil, err
+	}
+	crds, err := CRDs()
+	if err != nil {
+		return nil, err
+	}
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: assets,
+		CRDs:                  crds,
+		ErrorIfCRDPathMissing: true,
+	}
+	if opts.EtcdDataDir != "" {
+		if err := os.MkdirAll(opts.EtcdDataDir, 0o700); err != nil {
+			return nil, err
+		}
+		env.ControlPlane.Etcd = &envtest.Etcd{DataDir: opts.EtcdDataDir}
+	}
+	s := &Stack{Env: env}
+	cfg, err := env.Start()
+	if err != nil {
+		_ = env.Stop()
+		return nil, fmt.Errorf("start kube-apiserver and etcd from %s: %w", assets, err)
+	}
+	s.RestConfig = cfg
+	s.Client, err = client.New(cfg, client.Options{Scheme: bridge.Scheme()})
+	if err != nil {
+		_ = s.Stop()
+		return nil, err
+	}
+	s.NATS, err = StartNATS(opts.NATS)
+	if err != nil {
+		_ = s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Stop stops NATS and the control plane.
+func (s *Stack) Stop() error {
+	var errs []error
+	if s.NATS != nil {
+		s.NATS.Stop()
+	}
+	if s.Env != nil {
+		if err := s.Env.Stop(); err != nil {
+			errs = append(errs, fmt.Errorf("stop control plane: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// AssetsDir finds the directory with kube-apiserver, etcd and kubectl.
+func AssetsDir(dir string) (string, error) {
+	if dir == "" {
+		dir = os.Getenv("KUBEBUILDER_ASSETS")
+	}
+	if dir == "" {
+		dir = filepath.Join(RepoRoot(), "bin")
+	}
+	for _, b := range []string{"kube-apiserver", "etcd"} {
+		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
+			return "", fmt.Errorf("%s not found in %s (set KUBEBUILDER_ASSETS, or run `make tools` to build it): %w", b, dir, err)
+		}
+	}
+	return dir, nil
+}
+
+// RepoRoot is the repository this package was built from.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// CRDs parses the generated CRDs embedded from deploy/crd.
+func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
+	files, err := fs.Glob(deploy.CRDs, "crd/*.yaml")
+	if err != nil {
+		return nil, err
+	}
+	var out []*apiextensionsv1.CustomResourceDefinition
+	for _, f := range files {
+		b, err := deploy.CRDs.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		var crd apiextensionsv1.CustomResourceDefinition
+		if err := yaml.UnmarshalStrict(b, &crd); err != nil {
+			return nil, fmt.Errorf("parse %s: %w", f, err)
+		}
+		out = append(out, &crd)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no CRD embedded from deploy/crd; run `make manifests`")
+	}
+	return out, nil
+}
+
+// NATSOptions configure the embedded NATS server.
+type NATSOptions struct {
+	// Host to listen on; default 127.0.0.1.
+	Host string
+	// Port to listen on; 0 picks a free port.
+	Port int
+	// StoreDir is JetStream's store; default a temporary directory removed on
+	// Stop.
+	StoreDir string
+	// Configure, if set, adjusts the server options before start (auth, TLS,
+	// limits) in tests.
+	Configure func(*natsserver.Options)
+}
+
+// NATS is an embedded nats-server with JetStream.
+type NATS struct {
+	Server  *natsserver.Server
+	opts    NATSOptions
+	tempDir string
+}
+
+// StartNATS starts an embedded NATS server with JetStream.
+func StartNATS(o NATSOptions) (*NATS, error) {
+	n := &NATS{opts: o}
+	if n.opts.Host == "" {
+		n.opts.Host = "127.0.0.1"
+	}
+	if n.opts.Port == 0 {
+		n.opts.Port = -1
+	}
+	if n.opts.StoreDir == "" {
+		dir, err := os.MkdirTemp("", "student-bridge-nats-")
+		if err != nil {
+			return nil, err
+		}
+		n.tempDir, n.opts.StoreDir = dir, dir
+	}
+	if err := n.start(); err != nil {
+		n.Stop()
+		return nil, err
+	}
+	// Restarts keep the port, so clients reconnect to the same URL.
+	n.opts.Port = n.Server.Addr().(*net.TCPAddr).Port
+	return n, nil
+}
+
+func (n *NATS) start() error {
+	so := &natsserver.Options{
+		ServerName: "student-bridge-local",
+		Host:       n.opts.Host,
+		Port:       n.opts.Port,
+		JetStream:  true,
+		StoreDir:   n.opts.StoreDir,
+		NoLog:      true,
+		NoSigs:     true,
+	}
+	if n.opts.Configure != nil {
+		n.opts.Configure(so)
+	}
+	srv, err := natsserver.NewServer(so)
+	if err != nil {
+		return fmt.Errorf("nats server: %w", err)
+	}
+	go srv.Start()
+	if !srv.ReadyForConnections(15 * time.Second) {
+		srv.Shutdown()
+		return errors.New("nats server: not ready for connections after 15s")
+	}
+	n.Server = srv
+	return nil
+}
+
+// URL is the client URL of the server.
+func (n *NATS) URL() string { return n.Server.ClientURL() }
+
+// Shutdown stops the server but keeps its store, so Restart resumes it.
+func (n *NATS) Shutdown() {
+	if n.Server != nil {
+		n.Server.Shutdown()
+		n.Server.WaitForShutdown()
+	}
+}
+
+// Restart starts the server again on the same port with the same store.
+func (n *NATS) Restart() error {
+	n.Shutdown()
+	return n.start()
+}
+
+// Stop shuts the server down and removes a temporary store.
+func (n *NATS) Stop() {
+	n.Shutdown()
+	if n.tempDir != "" {
+		_ = os.RemoveAll(n.tempDir)
+	}
+}

@@ -1,0 +1,96 @@
+package reconciler
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+)
+
+// Source returns the CloudEvent source of Students in a cluster: the
+// collection every Student event comes from. Together with the id it is
+// unique per change, so consumers can dedupe on source+id.
+func Source(cluster string) string {
+	return "/clusters/" + cluster + "/apis/" + studentv1.GroupVersion.String() + "/students"
+}
+
+// Subject returns the CloudEvent subject of a Student: "namespace/name".
+func Subject(s *studentv1.Student) string {
+	return s.Namespace + "/" + s.Name
+}
+
+// EventID derives the CloudEvent id of a change. It is deterministic, so a
+// change published twice (say after a crash between the broker's ack and the
+// status write) carries the same id and JetStream drops the copy. It chains in
+// the previously published id, so returning to an earlier state is a new
+// change with a new id.
+func EventID(eventType string, s *studentv1.Student, previousID string) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00", s.UID, eventType)
+	if eventType != studentv1.EventTypeDeleted {
+		fmt.Fprintf(h, "%d\x00%s\x00%s\x00", s.Generation, s.Spec.Name, s.Spec.School)
+		for _, k := range slices.Sorted(maps.Keys(s.Labels)) {
+			fmt.Fprintf(h, "%s=%s\x00", k, s.Labels[k])
+		}
+		fmt.Fprintf(h, "%s", previousID)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// NewEvent builds the CloudEvent for a change of s. previous is what was last
+// published for s (nil if nothing); for updates its spec travels as
+// previousSpec. id is normally EventID's.
+func NewEvent(cluster, eventType, id string, s *studentv1.Student, previous *studentv1.PublishedEvent, now time.Time) (cloudevents.Event, error) {
+	ev := cloudevents.NewEvent(cloudevents.VersionV1)
+	ev.SetID(id)
+	ev.SetType(eventType)
+	ev.SetSource(Source(cluster))
+	ev.SetSubject(Subject(s))
+	ev.SetTime(now.UTC())
+	data := studentv1.StudentEventData{
+		Metadata: studentv1.EventObjectMeta{
+			Namespace:       s.Namespace,
+			Name:            s.Name,
+			UID:             string(s.UID),
+			Generation:      s.Generation,
+			ResourceVersion: s.ResourceVersion,
+			Labels:          s.Labels,
+		},
+		Spec: s.Spec,
+	}
+	if eventType == studentv1.EventTypeUpdated && previous != nil {
+		prev := previous.Spec
+		data.PreviousSpec = &prev
+	}
+	if err := ev.SetData(cloudevents.ApplicationJSON, data); err != nil {
+		return ev, fmt.Errorf("encode data of %s: %w", Subject(s), err)
+	}
+	if err := ev.Validate(); err != nil {
+		return ev, fmt.Errorf("invalid event for %s: %w", Subject(s), err)
+	}
+	return ev, nil
+}
+
+// NextChange decides which event, if any, the current state of s needs, given
+// what was last published. Status, finalizer and annotation changes are not
+// changes; spec (generation) and label changes are.
+func NextChange(s *studentv1.Student, last *studentv1.PublishedEvent) string {
+	switch {
+	case !s.DeletionTimestamp.IsZero():
+		if last != nil && last.Type == studentv1.EventTypeDeleted {
+			return ""
+		}
+		return studentv1.EventTypeDeleted
+	case last == nil:
+		return studentv1.EventTypeCreated
+	case last.Generation != s.Generation || !maps.Equal(last.Labels, s.Labels):
+		return studentv1.EventTypeUpdated
+	}
+	return ""
+}

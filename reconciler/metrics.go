@@ -1,0 +1,30 @@
+package reconciler
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Publish results, the "result" label of the published-events counter.
+const (
+	resultSuccess   = "success"
+	resultDuplicate = "duplicate"
+	resultError     = "error"
+)
+
+var (
+	eventsPublished = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "student_bridge_events_published_total",
+		Help: "CloudEvents the bridge tried to publish, by CloudEvent type and result (success, duplicate: the stream already had the id, error).",
+	}, []string{"type", "result"})
+
+	publishLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "student_bridge_publish_duration_seconds",
+		Help:    "Time from the start of a publish to the broker's acknowledgement (or failure), by CloudEvent type.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+	}, []string{"type"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(eventsPublished, publishLatency)
+}

@@ -1,0 +1,273 @@
+// Package reconciler turns Student changes into CloudEvents and Kubernetes
+// Events. It depends on the sink.Sink interface, never on a broker.
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/sink"
+)
+
+// ControllerName names the controller, its Kubernetes Events' reporter and
+// its leader-election lock.
+const ControllerName = "student-bridge"
+
+// StudentReconciler publishes every change of a Student to a Sink and records
+// it as a Kubernetes Event and in the Student's status.
+type StudentReconciler struct {
+	// Client reads Students from the cache and writes finalizers and status.
+	Client client.Client
+	// Sink receives the CloudEvents.
+	Sink sink.Sink
+	// Recorder records Kubernetes Events on Students.
+	Recorder events.EventRecorder
+	// Cluster names the cluster in the CloudEvent source.
+	Cluster string
+	// Now returns the current time; time.Now when nil.
+	Now func() time.Time
+	// Timeout bounds one reconcile. A reconcile is not cancelled when the
+	// bridge shuts down, so a publish that reached the broker also gets its
+	// status written; Timeout keeps shutdown bounded. Default 1m.
+	Timeout time.Duration
+
+	// published remembers what this process published and the broker
+	// acknowledged, until the status write shows it in the cache. Without it
+	// a reconcile that reads a stale cache, or follows a failed status write,
+	// would publish the same change again under another type.
+	published sync.Map // types.NamespacedName -> studentv1.PublishedEvent
+}
+
+// +kubebuilder:rbac:groups=example.k8s.io,resources=students,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=example.k8s.io,resources=students/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=example.k8s.io,resources=students/finalizers,verbs=update
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Reconcile publishes the change the Student's current state needs, if any.
+func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	timeout := r.Timeout
+	if timeout <= 0 {
+		timeout = time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+
+	var stu studentv1.Student
+	if err := r.Client.Get(ctx, req.NamespacedName, &stu); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.published.Delete(req.NamespacedName)
+			return ctrl.Result{}, nil
+		}
+		return ctrl.Result{}, err
+	}
+
+	if !stu.DeletionTimestamp.IsZero() {
+		return ctrl.Result{}, r.reconcileDelete(ctx, &stu)
+	}
+
+	if !controllerutil.ContainsFinalizer(&stu, studentv1.Finalizer) {
+		orig := stu.DeepCopy()
+		controllerutil.AddFinalizer(&stu, studentv1.Finalizer)
+		if err := r.Client.Patch(ctx, &stu, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
+		}
+	}
+	return ctrl.Result{}, r.reconcileNormal(ctx, &stu)
+}
+
+func (r *StudentReconciler) reconcileNormal(ctx context.Context, stu *studentv1.Student) error {
+	orig := stu.DeepCopy()
+	last := r.lastPublished(stu)
+
+	var pubErr error
+	if typ := NextChange(stu, last); typ != "" {
+		last, pubErr = r.publish(ctx, stu, typ, last)
+	}
+
+	stu.Status.ObservedGeneration = stu.Generation
+	stu.Status.LastPublished = last
+	meta.SetStatusCondition(&stu.Status.Conditions, publishedCondition(stu, last, pubErr))
+
+	if !equality.Semantic.DeepEqual(orig.Status, stu.Status) {
+		if err := r.Client.Status().Patch(ctx, stu, client.MergeFrom(orig)); err != nil {
+			return errors.Join(pubErr, fmt.Errorf("write status: %w", err))
+		}
+	}
+	return pubErr
+}
+
+func (r *StudentReconciler) reconcileDelete(ctx context.Context, stu *studentv1.Student) error {
+	if !controllerutil.ContainsFinalizer(stu, studentv1.Finalizer) {
+		return nil
+	}
+	last := r.lastPublished(stu)
+	if typ := NextChange(stu, last); typ != "" {
+		if _, err := r.publish(ctx, stu, typ, last); err != nil {
+			// The object is going away: its status is only worth writing so
+			// that someone looking at the stuck Student sees why.
+			orig := stu.DeepCopy()
+			meta.SetStatusCondition(&stu.Status.Conditions, publishedCondition(stu, last, err))
+			if !equality.Semantic.DeepEqual(orig.Status, stu.Status) {
+				if serr := r.Client.Status().Patch(ctx, stu, client.MergeFrom(orig)); serr != nil && !apierrors.IsNotFound(serr) {
+					err = errors.Join(err, fmt.Errorf("write status: %w", serr))
+				}
+			}
+			return err
+		}
+	}
+
+	orig := stu.DeepCopy()
+	controllerutil.RemoveFinalizer(stu, studentv1.Finalizer)
+	if err := r.Client.Patch(ctx, stu, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("remove finalizer: %w", err)
+	}
+	r.published.Delete(client.ObjectKeyFromObject(stu))
+	return nil
+}
+
+// publish sends the event of type typ for stu and, once the broker
+// acknowledged it, remembers and returns the new last-published record. On
+// failure it returns last unchanged and the error.
+func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student, typ string, last *studentv1.PublishedEvent) (*studentv1.PublishedEvent, error) {
+	previousID := ""
+	if last != nil {
+		previousID = last.ID
+	}
+	now := r.now()
+	ev, err := NewEvent(r.Cluster, typ, EventID(typ, stu, previousID), stu, last, now)
+	if err != nil {
+		r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, studentv1.ReasonInvalid, "Publish", "cannot build %s event: %v", typ, err)
+		return last, reconcile.TerminalError(err)
+	}
+
+	start := time.Now()
+	receipt, err := r.Sink.Publish(ctx, ev)
+	publishLatency.WithLabelValues(typ).Observe(time.Since(start).Seconds())
+	if err != nil {
+		eventsPublished.WithLabelValues(typ, resultError).Inc()
+		reason := studentv1.ReasonPublishFailed
+		if errors.Is(err, sink.ErrTooLarge) {
+			// The same event will never fit: wait for the Student to change
+			// instead of retrying.
+			reason = studentv1.ReasonInvalid
+			err = reconcile.TerminalError(err)
+		}
+		r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, reason, "Publish", "publishing %s (id %s) failed: %v", typ, ev.ID(), err)
+		return last, fmt.Errorf("publish %s %s: %w", typ, ev.ID(), err)
+	}
+
+	result := resultSuccess
+	if receipt.Duplicate {
+		result = resultDuplicate
+	}
+	eventsPublished.WithLabelValues(typ, result).Inc()
+	log.FromContext(ctx).V(1).Info("published", "type", typ, "id", ev.ID(), "subject", receipt.Subject, "sequence", receipt.Sequence, "duplicate", receipt.Duplicate)
+
+	rec := &studentv1.PublishedEvent{
+		Type:       typ,
+		ID:         ev.ID(),
+		Time:       metav1.NewTime(now.Truncate(time.Second)),
+		Generation: stu.Generation,
+		Sequence:   int64(receipt.Sequence),
+		Spec:       stu.Spec,
+		Labels:     stu.Labels,
+	}
+	r.published.Store(client.ObjectKeyFromObject(stu), publishedEntry{uid: stu.UID, event: *rec})
+	r.Recorder.Eventf(stu, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "published %s to %s, id %s, stream sequence %d", typ, receipt.Subject, ev.ID(), receipt.Sequence)
+	return rec, nil
+}
+
+type publishedEntry struct {
+	uid   types.UID
+	event studentv1.PublishedEvent
+}
+
+// lastPublished is what this process remembers publishing for stu, or else
+// what stu's status says.
+func (r *StudentReconciler) lastPublished(stu *studentv1.Student) *studentv1.PublishedEvent {
+	if v, ok := r.published.Load(client.ObjectKeyFromObject(stu)); ok {
+		if e := v.(publishedEntry); e.uid == stu.UID {
+			ev := e.event
+			return &ev
+		}
+	}
+	return stu.Status.LastPublished.DeepCopy()
+}
+
+func publishedCondition(stu *studentv1.Student, last *studentv1.PublishedEvent, pubErr error) metav1.Condition {
+	c := metav1.Condition{
+		Type:               studentv1.ConditionPublished,
+		ObservedGeneration: stu.Generation,
+	}
+	switch {
+	case pubErr != nil:
+		c.Status = metav1.ConditionFalse
+		c.Reason = studentv1.ReasonPublishFailed
+		if errors.Is(pubErr, sink.ErrTooLarge) {
+			c.Reason = studentv1.ReasonInvalid
+		}
+		c.Message = pubErr.Error()
+	case last != nil:
+		c.Status = metav1.ConditionTrue
+		c.Reason = studentv1.ReasonPublished
+		c.Message = fmt.Sprintf("%s %s published as stream sequence %d", last.Type, last.ID, last.Sequence)
+	default:
+		c.Status = metav1.ConditionUnknown
+		c.Reason = "Pending"
+		c.Message = "not published yet"
+	}
+	return c
+}
+
+func (r *StudentReconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// SetupWithManager registers the reconciler with mgr.
+func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(ControllerName).
+		For(&studentv1.Student{}, builder.WithPredicates(changePredicate())).
+		WithOptions(opts).
+		Complete(r)
+}
+
+// changePredicate lets through the updates that can need an event or a
+// finalizer: spec (generation), labels, deletion and finalizers. Status and
+// annotation updates, including the bridge's own status writes, are dropped
+// before they reach the queue.
+func changePredicate() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			o, n := e.ObjectOld, e.ObjectNew
+			return o.GetGeneration() != n.GetGeneration() ||
+				!equality.Semantic.DeepEqual(o.GetLabels(), n.GetLabels()) ||
+				!equality.Semantic.DeepEqual(o.GetDeletionTimestamp(), n.GetDeletionTimestamp()) ||
+				!equality.Semantic.DeepEqual(o.GetFinalizers(), n.GetFinalizers())
+		},
+	}
+}

@@ -1,0 +1,183 @@
+package nats
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"strings"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2"
+	"github.com/cloudevents/sdk-go/v2/binding"
+	"github.com/cloudevents/sdk-go/v2/binding/format"
+	"github.com/cloudevents/sdk-go/v2/binding/spec"
+	"github.com/cloudevents/sdk-go/v2/types"
+	"github.com/nats-io/nats.go"
+)
+
+// This file implements the CloudEvents NATS protocol binding on top of the
+// sdk-go binding package: structured mode puts the JSON event in the body with
+// Content-Type application/cloudevents+json; binary mode puts each attribute in
+// a ce-<name> header and the data in the body, with Content-Type carrying
+// datacontenttype.
+
+// Encoding selects how an event is laid out in a NATS message.
+type Encoding string
+
+const (
+	// Structured: the whole event as JSON in the message body (default).
+	Structured Encoding = "structured"
+	// Binary: attributes as ce-* headers, data as the body.
+	Binary Encoding = "binary"
+)
+
+const (
+	headerContentType = "Content-Type"
+	headerPrefix      = "ce-"
+)
+
+var specs = spec.WithPrefix(headerPrefix)
+
+// EncodeMsg writes the event into a new NATS message on subject.
+func EncodeMsg(ctx context.Context, event cloudevents.Event, subject string, enc Encoding) (*nats.Msg, error) {
+	msg := nats.NewMsg(subject)
+	w := (*msgWriter)(msg)
+	switch enc {
+	case Binary:
+		ctx = binding.WithForceBinary(ctx)
+	case Structured, "":
+		ctx = binding.WithForceStructured(ctx)
+	default:
+		return nil, fmt.Errorf("unknown encoding %q", enc)
+	}
+	if _, err := binding.Write(ctx, binding.ToMessage(&event), w, w); err != nil {
+		return nil, fmt.Errorf("encode event %s: %w", event.ID(), err)
+	}
+	return msg, nil
+}
+
+// NewMessage wraps a received NATS message as an sdk-go binding.Message, in
+// either encoding; binding.ToEvent turns it into a cloudevents.Event.
+func NewMessage(msg *nats.Msg) binding.Message {
+	m := &message{msg: msg}
+	if f := format.Lookup(msg.Header.Get(headerContentType)); f != nil {
+		m.format = f
+	} else if v := msg.Header.Get(specs.PrefixedSpecVersionName()); v != "" {
+		m.version = specs.Version(v)
+	}
+	return m
+}
+
+// DecodeMsg decodes a received NATS message into a CloudEvent.
+func DecodeMsg(ctx context.Context, msg *nats.Msg) (*cloudevents.Event, error) {
+	ev, err := binding.ToEvent(ctx, NewMessage(msg))
+	if err != nil {
+		return nil, fmt.Errorf("decode message on %s: %w", msg.Subject, err)
+	}
+	return ev, nil
+}
+
+type msgWriter nats.Msg
+
+func (w *msgWriter) SetStructuredEvent(_ context.Context, f format.Format, event io.Reader) error {
+	w.Header.Set(headerContentType, f.MediaType())
+	return w.setBody(event)
+}
+
+func (w *msgWriter) Start(context.Context) error { return nil }
+func (w *msgWriter) End(context.Context) error   { return nil }
+
+func (w *msgWriter) SetData(data io.Reader) error { return w.setBody(data) }
+
+func (w *msgWriter) SetAttribute(attr spec.Attribute, value any) error {
+	if value == nil {
+		return nil
+	}
+	s, err := types.Format(value)
+	if err != nil {
+		return err
+	}
+	if attr.Kind() == spec.DataContentType {
+		w.Header.Set(headerContentType, s)
+		return nil
+	}
+	w.Header.Set(attr.PrefixedName(), s)
+	return nil
+}
+
+func (w *msgWriter) SetExtension(name string, value any) error {
+	if value == nil {
+		return nil
+	}
+	s, err := types.Format(value)
+	if err != nil {
+		return err
+	}
+	w.Header.Set(headerPrefix+name, s)
+	return nil
+}
+
+func (w *msgWriter) setBody(r io.Reader) error {
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(r); err != nil {
+		return err
+	}
+	w.Data = buf.Bytes()
+	return nil
+}
+
+type message struct {
+	msg     *nats.Msg
+	format  format.Format
+	version spec.Version
+}
+
+var _ binding.Message = (*message)(nil)
+
+func (m *message) ReadEncoding() binding.Encoding {
+	switch {
+	case m.version != nil:
+		return binding.EncodingBinary
+	case m.format != nil:
+		return binding.EncodingStructured
+	default:
+		return binding.EncodingUnknown
+	}
+}
+
+func (m *message) ReadStructured(ctx context.Context, w binding.StructuredWriter) error {
+	if m.format == nil {
+		return binding.ErrNotStructured
+	}
+	return w.SetStructuredEvent(ctx, m.format, bytes.NewReader(m.msg.Data))
+}
+
+func (m *message) ReadBinary(_ context.Context, w binding.BinaryWriter) error {
+	if m.version == nil {
+		return binding.ErrNotBinary
+	}
+	for key, values := range m.msg.Header {
+		if len(values) == 0 {
+			continue
+		}
+		var err error
+		lower := strings.ToLower(key)
+		switch {
+		case lower == strings.ToLower(headerContentType):
+			err = w.SetAttribute(m.version.AttributeFromKind(spec.DataContentType), values[0])
+		case m.version.Attribute(lower) != nil:
+			err = w.SetAttribute(m.version.Attribute(lower), values[0])
+		case strings.HasPrefix(lower, headerPrefix):
+			err = w.SetExtension(strings.TrimPrefix(lower, headerPrefix), values[0])
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if len(m.msg.Data) > 0 {
+		return w.SetData(bytes.NewReader(m.msg.Data))
+	}
+	return nil
+}
+
+func (m *message) Finish(error) error { return nil }

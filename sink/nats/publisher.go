@@ -1,0 +1,167 @@
+// Package nats publishes CloudEvents on NATS, with JetStream acknowledgement
+// by default, following the CloudEvents NATS protocol binding.
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/student-bridge/student-bridge/sink"
+)
+
+// Mode selects the delivery guarantee of a Publisher.
+type Mode string
+
+const (
+	// JetStream publishes and waits for the stream's acknowledgement; the
+	// CloudEvent id is the Nats-Msg-Id, so the stream drops republished
+	// events within its duplicate window. At-least-once.
+	JetStream Mode = "jetstream"
+	// Core publishes on core NATS and flushes; nobody stores the event and a
+	// subscriber that is not connected misses it. At-most-once.
+	Core Mode = "core"
+)
+
+// Config configures a Publisher.
+type Config struct {
+	// Mode is JetStream (default) or Core.
+	Mode Mode
+	// Encoding is Structured (default) or Binary.
+	Encoding Encoding
+	// Layout maps events to subjects.
+	Layout SubjectLayout
+	// Stream, when set in JetStream mode, is the stream the ack must come
+	// from; an ack from any other stream is an error.
+	Stream string
+	// AckTimeout bounds one publish, including the wait for the ack, when
+	// the caller's context has no earlier deadline. Default 5s.
+	AckTimeout time.Duration
+}
+
+// Publisher is a sink.Sink on a NATS connection it does not own: closing the
+// connection is the caller's job.
+type Publisher struct {
+	nc  *nats.Conn
+	js  jetstream.JetStream
+	cfg Config
+}
+
+var _ sink.Sink = (*Publisher)(nil)
+
+// NewPublisher returns a Publisher on nc.
+func NewPublisher(nc *nats.Conn, cfg Config) (*Publisher, error) {
+	if nc == nil {
+		return nil, errors.New("nats: nil connection")
+	}
+	if cfg.Layout.layout == "" {
+		return nil, errors.New("nats: subject layout not set")
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = JetStream
+	}
+	if cfg.Encoding == "" {
+		cfg.Encoding = Structured
+	}
+	if cfg.AckTimeout <= 0 {
+		cfg.AckTimeout = 5 * time.Second
+	}
+	p := &Publisher{nc: nc, cfg: cfg}
+	switch cfg.Mode {
+	case JetStream:
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return nil, fmt.Errorf("nats: jetstream: %w", err)
+		}
+		p.js = js
+	case Core:
+	default:
+		return nil, fmt.Errorf("nats: unknown mode %q", cfg.Mode)
+	}
+	if cfg.Encoding != Structured && cfg.Encoding != Binary {
+		return nil, fmt.Errorf("nats: unknown encoding %q", cfg.Encoding)
+	}
+	return p, nil
+}
+
+// Publish implements sink.Sink. It returns nil only once JetStream
+// acknowledged the event (JetStream mode) or the server received it (Core
+// mode). Nothing is reported as sent while the connection is down.
+func (p *Publisher) Publish(ctx context.Context, event cloudevents.Event) (sink.Receipt, error) {
+	subject := p.cfg.Layout.Subject(event)
+	msg, err := EncodeMsg(ctx, event, subject, p.cfg.Encoding)
+	if err != nil {
+		return sink.Receipt{}, err
+	}
+	if max := p.nc.MaxPayload(); max > 0 && int64(len(msg.Data)+headerSize(msg)) > max {
+		return sink.Receipt{}, fmt.Errorf("%w: %d bytes on %s, server allows %d", sink.ErrTooLarge, len(msg.Data)+headerSize(msg), subject, max)
+	}
+	if err := p.connected(); err != nil {
+		return sink.Receipt{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.AckTimeout)
+	defer cancel()
+
+	if p.cfg.Mode == Core {
+		if err := p.nc.PublishMsg(msg); err != nil {
+			return sink.Receipt{}, p.classify(subject, err)
+		}
+		if err := p.nc.FlushWithContext(ctx); err != nil {
+			return sink.Receipt{}, p.classify(subject, err)
+		}
+		return sink.Receipt{Subject: subject}, nil
+	}
+
+	opts := []jetstream.PublishOpt{jetstream.WithMsgID(event.ID())}
+	if p.cfg.Stream != "" {
+		opts = append(opts, jetstream.WithExpectStream(p.cfg.Stream))
+	}
+	ack, err := p.js.PublishMsg(ctx, msg, opts...)
+	if err != nil {
+		return sink.Receipt{}, p.classify(subject, err)
+	}
+	return sink.Receipt{Subject: subject, Stream: ack.Stream, Sequence: ack.Sequence, Duplicate: ack.Duplicate}, nil
+}
+
+func (p *Publisher) connected() error {
+	switch {
+	case p.nc.IsClosed():
+		return sink.ErrClosed
+	case !p.nc.IsConnected():
+		return fmt.Errorf("%w: %s", sink.ErrNotConnected, p.nc.Status())
+	}
+	return nil
+}
+
+// classify wraps err with the sink sentinel that says what the caller can do.
+func (p *Publisher) classify(subject string, err error) error {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, nats.ErrMaxPayload):
+		return fmt.Errorf("%w: publish %s: %w", sink.ErrTooLarge, subject, err)
+	case errors.As(err, &apiErr):
+		return fmt.Errorf("%w: publish %s: %w", sink.ErrRejected, subject, err)
+	case errors.Is(err, nats.ErrConnectionClosed):
+		return fmt.Errorf("%w: publish %s: %w", sink.ErrClosed, subject, err)
+	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
+		return fmt.Errorf("%w: publish %s: no stream captures the subject: %w", sink.ErrRejected, subject, err)
+	case !p.nc.IsConnected(), errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, nats.ErrConnectionReconnecting):
+		return fmt.Errorf("%w: publish %s: %w", sink.ErrNotConnected, subject, err)
+	}
+	return fmt.Errorf("publish %s: %w", subject, err)
+}
+
+func headerSize(msg *nats.Msg) int {
+	n := 12 // "NATS/1.0\r\n" + final "\r\n"
+	for k, vs := range msg.Header {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
+}

@@ -1,0 +1,126 @@
+package nats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// StreamConfig is what the bridge asks of its JetStream stream.
+type StreamConfig struct {
+	// Name of the stream, e.g. STUDENTS.
+	Name string
+	// Subject the stream must capture, e.g. "student.>".
+	Subject string
+	// Storage is "file" or "memory".
+	Storage string
+	// Replicas is the number of stream replicas (1 for a single server).
+	Replicas int
+	// MaxAge drops events older than this; 0 keeps them forever.
+	MaxAge time.Duration
+	// MaxBytes and MaxMsgs limit the stream's size; 0 means unlimited.
+	MaxBytes int64
+	MaxMsgs  int64
+	// Discard is "old" (drop the oldest when full) or "new" (refuse new
+	// events when full; the bridge retries until space exists).
+	Discard string
+	// Duplicates is the window in which the stream drops an event whose id it
+	// already stored.
+	Duplicates time.Duration
+}
+
+// ErrStreamConflict: the stream exists but does not capture the bridge's
+// subjects. The bridge never changes an existing stream; an operator must.
+var ErrStreamConflict = errors.New("nats: stream does not capture the bridge's subjects")
+
+// EnsureStream returns the stream's info, creating the stream first if it is
+// missing and create is true. An existing stream is never changed: if it does
+// not capture cfg.Subject, the error wraps ErrStreamConflict.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig, create bool) (*jetstream.StreamInfo, error) {
+	s, err := js.Stream(ctx, cfg.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound) && create:
+		sc, err := streamConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		s, err = js.CreateStream(ctx, sc)
+		if err != nil {
+			return nil, fmt.Errorf("create stream %s: %w", cfg.Name, err)
+		}
+		return s.CachedInfo(), nil
+	case err != nil:
+		return nil, fmt.Errorf("look up stream %s: %w", cfg.Name, err)
+	}
+	info := s.CachedInfo()
+	for _, subj := range info.Config.Subjects {
+		if SubjectCovers(subj, cfg.Subject) {
+			return info, nil
+		}
+	}
+	return nil, fmt.Errorf("%w: stream %s exists with subjects %v, which do not capture %q; add %q to the stream or configure another stream name",
+		ErrStreamConflict, cfg.Name, info.Config.Subjects, cfg.Subject, cfg.Subject)
+}
+
+func streamConfig(cfg StreamConfig) (jetstream.StreamConfig, error) {
+	sc := jetstream.StreamConfig{
+		Name:        cfg.Name,
+		Description: "Student changes published by student-bridge",
+		Subjects:    []string{cfg.Subject},
+		Replicas:    cfg.Replicas,
+		MaxAge:      cfg.MaxAge,
+		MaxBytes:    cfg.MaxBytes,
+		MaxMsgs:     cfg.MaxMsgs,
+		Duplicates:  cfg.Duplicates,
+	}
+	if sc.MaxBytes == 0 {
+		sc.MaxBytes = -1
+	}
+	if sc.MaxMsgs == 0 {
+		sc.MaxMsgs = -1
+	}
+	switch cfg.Storage {
+	case "file", "":
+		sc.Storage = jetstream.FileStorage
+	case "memory":
+		sc.Storage = jetstream.MemoryStorage
+	default:
+		return sc, fmt.Errorf("stream storage %q: want file or memory", cfg.Storage)
+	}
+	switch cfg.Discard {
+	case "old", "":
+		sc.Discard = jetstream.DiscardOld
+	case "new":
+		sc.Discard = jetstream.DiscardNew
+	default:
+		return sc, fmt.Errorf("stream discard %q: want old or new", cfg.Discard)
+	}
+	return sc, nil
+}
+
+// SubjectCovers reports whether every subject matched by sub is also matched
+// by the (possibly wildcard) subject filter.
+func SubjectCovers(filter, sub string) bool {
+	f := strings.Split(filter, ".")
+	s := strings.Split(sub, ".")
+	for i, ft := range f {
+		if ft == ">" {
+			return i < len(s)
+		}
+		if i >= len(s) {
+			return false
+		}
+		switch {
+		case s[i] == ">":
+			return false
+		case ft == "*":
+		case ft != s[i] || s[i] == "*":
+			return false
+		}
+	}
+	return len(f) == len(s)
+}
