@@ -1,0 +1,123 @@
+package stack
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	natssink "github.com/student-bridge/student-bridge/sink/nats"
+)
+
+// Received is one CloudEvent as a consumer sees it.
+type Received struct {
+	Subject  string
+	Sequence uint64 // stream sequence; 0 for a core subscription
+	Header   nats.Header
+	Event    cloudevents.Event
+	Data     studentv1.StudentEventData
+}
+
+// Decode turns a NATS message into a Received with sdk-go, whichever binding
+// mode it uses.
+func Decode(msg *nats.Msg) (Received, error) {
+	ev, err := natssink.DecodeMsg(context.Background(), msg)
+	if err != nil {
+		return Received{}, err
+	}
+	r := Received{Subject: msg.Subject, Header: msg.Header, Event: *ev}
+	if err := json.Unmarshal(ev.Data(), &r.Data); err != nil {
+		return r, fmt.Errorf("decode data of %s: %w", ev.ID(), err)
+	}
+	return r, nil
+}
+
+// Subscription collects every event on a core NATS subscription.
+type Subscription struct {
+	sub *nats.Subscription
+	mu  sync.Mutex
+	got []Received
+	err error
+}
+
+// Subscribe subscribes nc to subject (e.g. "student.*").
+func Subscribe(nc *nats.Conn, subject string) (*Subscription, error) {
+	s := &Subscription{}
+	sub, err := nc.Subscribe(subject, func(msg *nats.Msg) {
+		r, err := Decode(msg)
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if err != nil && s.err == nil {
+			s.err = err
+		}
+		s.got = append(s.got, r)
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.sub = sub
+	return s, nc.Flush()
+}
+
+// Events returns what arrived so far and the first decode error, if any.
+func (s *Subscription) Events() ([]Received, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Received(nil), s.got...), s.err
+}
+
+// Unsubscribe stops the subscription.
+func (s *Subscription) Unsubscribe() error { return s.sub.Unsubscribe() }
+
+// StreamEvents reads every message stored in stream, in sequence order.
+func StreamEvents(ctx context.Context, nc *nats.Conn, stream string) ([]Received, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, err
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Received
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		raw, err := st.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("get message %d: %w", seq, err)
+		}
+		r, err := Decode(&nats.Msg{Subject: raw.Subject, Header: raw.Header, Data: raw.Data})
+		if err != nil {
+			return nil, err
+		}
+		r.Sequence = raw.Sequence
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// Eventually polls cond every 50ms until it returns nil or timeout passes,
+// and returns cond's last error.
+func Eventually(timeout time.Duration, cond func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
