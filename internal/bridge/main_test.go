@@ -27,7 +27,7 @@ import (
 var st *stack.Stack
 
 func TestMain(m *testing.M) {
-	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapLevel())))
+	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapLevel()), zap.StacktraceLevel(zapcore.PanicLevel)))
 	var err error
 	st, err = stack.Start(stack.Options{})
 	if err != nil {

@@ -60,12 +60,27 @@ func EncodeMsg(ctx context.Context, event cloudevents.Event, subject string, enc
 // either encoding; binding.ToEvent turns it into a cloudevents.Event.
 func NewMessage(msg *nats.Msg) binding.Message {
 	m := &message{msg: msg}
-	if f := format.Lookup(msg.Header.Get(headerContentType)); f != nil {
+	if f := format.Lookup(headerValue(msg.Header, headerContentType)); f != nil {
 		m.format = f
-	} else if v := msg.Header.Get(specs.PrefixedSpecVersionName()); v != "" {
+	} else if v := headerValue(msg.Header, specs.PrefixedSpecVersionName()); v != "" {
 		m.version = specs.Version(v)
 	}
 	return m
+}
+
+// headerValue looks key up case-insensitively: NATS headers are
+// case-sensitive, but a proxy or another client library may canonicalize
+// them (Ce-Specversion).
+func headerValue(h nats.Header, key string) string {
+	if v := h.Get(key); v != "" {
+		return v
+	}
+	for k, vs := range h {
+		if strings.EqualFold(k, key) && len(vs) > 0 {
+			return vs[0]
+		}
+	}
+	return ""
 }
 
 // DecodeMsg decodes a received NATS message into a CloudEvent.
@@ -101,7 +116,7 @@ func (w *msgWriter) SetAttribute(attr spec.Attribute, value any) error {
 		w.Header.Set(headerContentType, s)
 		return nil
 	}
-	w.Header.Set(attr.PrefixedName(), s)
+	w.Header.Set(headerPrefix+attr.Name(), s)
 	return nil
 }
 
@@ -132,7 +147,37 @@ type message struct {
 	version spec.Version
 }
 
-var _ binding.Message = (*message)(nil)
+var (
+	_ binding.Message               = (*message)(nil)
+	_ binding.MessageMetadataReader = (*message)(nil)
+)
+
+// GetAttribute implements binding.MessageMetadataReader for binary messages.
+func (m *message) GetAttribute(k spec.Kind) (spec.Attribute, any) {
+	if m.version == nil {
+		return nil, nil
+	}
+	attr := m.version.AttributeFromKind(k)
+	if attr == nil {
+		return nil, nil
+	}
+	key := headerPrefix + attr.Name()
+	if k == spec.DataContentType {
+		key = headerContentType
+	}
+	if v := headerValue(m.msg.Header, key); v != "" {
+		return attr, v
+	}
+	return attr, nil
+}
+
+// GetExtension implements binding.MessageMetadataReader for binary messages.
+func (m *message) GetExtension(name string) any {
+	if v := headerValue(m.msg.Header, headerPrefix+name); v != "" {
+		return v
+	}
+	return nil
+}
 
 func (m *message) ReadEncoding() binding.Encoding {
 	switch {

@@ -1,0 +1,178 @@
+package bridge_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+)
+
+// TestRestartRepublishesNothing: a new bridge on the same cluster and stream
+// finds everything already published and sends nothing.
+func TestRestartRepublishesNothing(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "restart")
+	stop := startBridge(t, cfg)
+	nc := natsConn(t)
+
+	const n = 10
+	for i := range n {
+		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%d", i), "name", "school")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	patch(t, getStudent(t, ns, "s0"), func(s *studentv1.Student) { s.Spec.School = "other" })
+	waitStream(t, nc, cfg.NATS.Stream.Name, n+1)
+	waitFor(t, "every status written", func() error {
+		for i := range n {
+			s := getStudent(t, ns, fmt.Sprintf("s%d", i))
+			if c := publishedCondition(s); c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != s.Generation {
+				return fmt.Errorf("%s: %+v", s.Name, c)
+			}
+		}
+		return nil
+	})
+	stop()
+
+	startBridge(t, cfg)
+	// Barrier: a change made after the restart is the only new event.
+	patch(t, getStudent(t, ns, "s1"), func(s *studentv1.Student) { s.Spec.School = "barrier" })
+	got := waitStream(t, nc, cfg.NATS.Stream.Name, n+2)
+	if last := got[len(got)-1]; last.Data.Spec.School != "barrier" {
+		t.Errorf("last event after restart is %s %+v, want only the barrier change", last.Event.Type(), last.Data)
+	}
+}
+
+// TestNATSDown: Students change while NATS is down. Status and Warning Events
+// show the failure, deletes wait on the finalizer, and after NATS is back the
+// stream holds every final state and every delete.
+func TestNATSDown(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "outage")
+	startBridge(t, cfg)
+	nc := natsConn(t)
+
+	for _, name := range []string{"keep", "edit", "gone"} {
+		if err := st.Client.Create(ctx, newStudent(ns, name, name, "before")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStream(t, nc, cfg.NATS.Stream.Name, 3)
+
+	st.NATS.Shutdown()
+	restarted := false
+	defer func() {
+		if !restarted {
+			_ = st.NATS.Restart()
+		}
+	}()
+
+	patch(t, getStudent(t, ns, "edit"), func(s *studentv1.Student) { s.Spec.School = "during" })
+	if err := st.Client.Create(ctx, newStudent(ns, "new", "new", "during")); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Client.Delete(ctx, getStudent(t, ns, "gone")); err != nil {
+		t.Fatal(err)
+	}
+
+	waitFor(t, "Published=False on the edited Student", func() error {
+		c := publishedCondition(getStudent(t, ns, "edit"))
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != studentv1.ReasonPublishFailed {
+			return fmt.Errorf("condition %+v", c)
+		}
+		return nil
+	})
+	waitFor(t, "a Warning event on the new Student", func() error {
+		for _, e := range kubeEvents(t, ns, "new") {
+			if e.Type == corev1.EventTypeWarning && e.Reason == studentv1.ReasonPublishFailed {
+				return nil
+			}
+		}
+		return errors.New("none")
+	})
+	// The delete waits for NATS: the finalizer holds the object.
+	if s := getStudent(t, ns, "gone"); s.DeletionTimestamp.IsZero() || !containsString(s.Finalizers, studentv1.Finalizer) {
+		t.Fatalf("deleted Student not held by the finalizer: %+v", s.ObjectMeta)
+	}
+
+	if err := st.NATS.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+
+	got := waitStream(t, nc, cfg.NATS.Stream.Name, 6)
+	final := map[string]string{}
+	for _, r := range got {
+		final[r.Data.Metadata.Name] = r.Event.Type() + " " + r.Data.Spec.School
+	}
+	want := map[string]string{
+		"keep": studentv1.EventTypeCreated + " before",
+		"edit": studentv1.EventTypeUpdated + " during",
+		"new":  studentv1.EventTypeCreated + " during",
+		"gone": studentv1.EventTypeDeleted + " before",
+	}
+	for name, w := range want {
+		if final[name] != w {
+			t.Errorf("last event of %s: %q, want %q (all: %v)", name, final[name], w, types(got))
+		}
+	}
+	waitFor(t, "the deleted Student is gone after recovery", func() error {
+		err := st.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "gone"}, &studentv1.Student{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("still there (err %v)", err)
+	})
+	waitFor(t, "Published=True again", func() error {
+		for _, name := range []string{"edit", "new"} {
+			if c := publishedCondition(getStudent(t, ns, name)); c == nil || c.Status != metav1.ConditionTrue {
+				return fmt.Errorf("%s: %+v", name, c)
+			}
+		}
+		return nil
+	})
+}
+
+// TestBinaryMode: with nats.encoding=binary the attributes travel as ce-*
+// headers and the body is the data; sdk-go decodes it to the same event.
+func TestBinaryMode(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "binary")
+	cfg.NATS.Encoding = "binary"
+	startBridge(t, cfg)
+	nc := natsConn(t)
+
+	if err := st.Client.Create(ctx, newStudent(ns, "object-name", "wang", "china")); err != nil {
+		t.Fatal(err)
+	}
+	r := waitStream(t, nc, cfg.NATS.Stream.Name, 1)[0]
+	for h, want := range map[string]string{
+		"ce-specversion": "1.0",
+		"ce-type":        studentv1.EventTypeCreated,
+		"ce-source":      "/clusters/test/apis/example.k8s.io/v1/students",
+		"ce-subject":     ns + "/object-name",
+		"ce-id":          r.Header.Get("Nats-Msg-Id"),
+		"Content-Type":   "application/json",
+	} {
+		if got := r.Header.Get(h); got != want || got == "" {
+			t.Errorf("header %s = %q, want %q", h, got, want)
+		}
+	}
+	if r.Header.Get("ce-time") == "" {
+		t.Error("no ce-time header")
+	}
+	checkAttrs(t, r.Event, studentv1.EventTypeCreated, ns+"/object-name")
+	if r.Data.Spec.Name != "wang" || r.Data.Metadata.Name != "object-name" {
+		t.Errorf("data %+v", r.Data)
+	}
+}
