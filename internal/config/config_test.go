@@ -1,0 +1,159 @@
+package config_test
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/stack"
+)
+
+func load(t *testing.T, file string, args ...string) (*config.Config, error) {
+	t.Helper()
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	l := config.New(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return l.Load(file)
+}
+
+func writeFile(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestDocumentedFileIsTheDefaults keeps configs/student-bridge.yaml honest:
+// it must load and say exactly what the built-in defaults are.
+func TestDocumentedFileIsTheDefaults(t *testing.T) {
+	defaults, err := load(t, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented, err := load(t, filepath.Join(stack.RepoRoot(), "configs", "student-bridge.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(defaults, documented) {
+		t.Errorf("configs/student-bridge.yaml differs from the defaults:\n file     %+v\n defaults %+v", documented, defaults)
+	}
+	b, err := os.ReadFile(filepath.Join(stack.RepoRoot(), "configs", "student-bridge.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range config.Settings {
+		if !strings.Contains(string(b), config.EnvName(s.Key)) {
+			t.Errorf("configs/student-bridge.yaml does not document %s (%s)", s.Key, config.EnvName(s.Key))
+		}
+	}
+}
+
+func TestPrecedence(t *testing.T) {
+	file := writeFile(t, "workers: 2\nnats:\n  urls: nats://file:4222\n  stream:\n    name: FROMFILE\n")
+
+	cfg, err := load(t, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Workers != 2 || cfg.NATS.URLs != "nats://file:4222" || cfg.NATS.Stream.Name != "FROMFILE" || cfg.NATS.Mode != "jetstream" {
+		t.Errorf("file over defaults: %+v", cfg)
+	}
+
+	t.Setenv("STUDENT_BRIDGE_WORKERS", "3")
+	t.Setenv("STUDENT_BRIDGE_NATS_URLS", "nats://env:4222")
+	cfg, err = load(t, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Workers != 3 || cfg.NATS.URLs != "nats://env:4222" || cfg.NATS.Stream.Name != "FROMFILE" {
+		t.Errorf("env over file: workers %d urls %s stream %s", cfg.Workers, cfg.NATS.URLs, cfg.NATS.Stream.Name)
+	}
+
+	cfg, err = load(t, file, "--workers=5", "--stream-name=FROMFLAG", "--namespaces=a, b", "--retry-max-delay=3s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Workers != 5 || cfg.NATS.URLs != "nats://env:4222" || cfg.NATS.Stream.Name != "FROMFLAG" ||
+		!reflect.DeepEqual(cfg.Namespaces, []string{"a", "b"}) || cfg.Retry.MaxDelay != 3*time.Second {
+		t.Errorf("flag over env: %+v", cfg)
+	}
+}
+
+func TestSecretsFromEnvironment(t *testing.T) {
+	t.Setenv("STUDENT_BRIDGE_NATS_AUTH_PASSWORD", "s3cret")
+	cfg, err := load(t, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NATS.Auth.Password != "s3cret" {
+		t.Errorf("password from env = %q", cfg.NATS.Auth.Password)
+	}
+}
+
+func TestBadValuesNameTheKey(t *testing.T) {
+	cases := []struct {
+		name string
+		file string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"unknown key", "natz:\n  url: x\n", nil, nil, "natz.url"},
+		{"bad duration", "retry:\n  maxDelay: soon\n", nil, nil, "retry.maxDelay"},
+		{"bad number", "workers: many\n", nil, nil, "workers"},
+		{"zero workers", "", nil, []string{"--workers=0"}, "workers"},
+		{"bad mode", "", map[string]string{"STUDENT_BRIDGE_NATS_MODE": "kafka"}, nil, "nats.mode"},
+		{"bad encoding", "nats:\n  encoding: xml\n", nil, nil, "nats.encoding"},
+		{"bad discard", "", nil, []string{"--stream-discard=sometimes"}, "nats.stream.discard"},
+		{"bad storage", "", nil, []string{"--stream-storage=tape"}, "nats.stream.storage"},
+		{"stream name with dot", "", nil, []string{"--stream-name=a.b"}, "nats.stream.name"},
+		{"no duplicate window", "", nil, []string{"--stream-duplicate-window=0s"}, "nats.stream.duplicates"},
+		{"missing creds file", "", nil, []string{"--nats-creds-file=/does/not/exist"}, "nats.auth.credsFile"},
+		{"cert without key", "", nil, []string{"--nats-tls-cert-file=" + os.Args[0]}, "nats.tls.certFile"},
+		{"bad metrics address", "", nil, []string{"--metrics-bind-address=8080"}, "metricsAddr"},
+		{"max below base", "", nil, []string{"--retry-base-delay=2s", "--retry-max-delay=1s"}, "retry.maxDelay"},
+		{"not yaml", "workers: [\n", nil, nil, "config file"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			file := ""
+			if tc.file != "" {
+				file = writeFile(t, tc.file)
+			}
+			_, err := load(t, file, tc.args...)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not name %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestMissingFileIsAnError(t *testing.T) {
+	_, err := load(t, filepath.Join(t.TempDir(), "nope.yaml"))
+	if err == nil || !strings.Contains(err.Error(), "nope.yaml") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func TestRedacted(t *testing.T) {
+	got := config.Redacted("nats://user:pw@a:4222, tls://tok@b:4222,nats://c:4222")
+	if want := "nats://redacted@a:4222,tls://redacted@b:4222,nats://c:4222"; got != want {
+		t.Errorf("Redacted = %q, want %q", got, want)
+	}
+}

@@ -1,0 +1,132 @@
+package stack_test
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/student-bridge/student-bridge/internal/stack"
+)
+
+// TestStartStopLeavesNothing starts and stops the whole stack repeatedly and
+// checks that no child process, listening port or temporary store outlives
+// it.
+func TestStartStopLeavesNothing(t *testing.T) {
+	for i := range 3 {
+		s, err := stack.Start(stack.Options{})
+		if err != nil {
+			t.Fatalf("start %d: %v", i, err)
+		}
+		apiHost := strings.TrimPrefix(strings.TrimPrefix(s.RestConfig.Host, "https://"), "http://")
+		natsAddr := strings.TrimPrefix(s.NATS.URL(), "nats://")
+		store := s.NATS.Server.JetStreamConfig().StoreDir
+		if kids := children(t); len(kids) < 2 {
+			t.Errorf("start %d: expected etcd and kube-apiserver children, found %v", i, kids)
+		}
+		nc, err := nats.Connect(s.NATS.URL())
+		if err != nil {
+			t.Fatalf("start %d: NATS not reachable: %v", i, err)
+		}
+		if _, err := nc.JetStream(); err != nil {
+			t.Errorf("JetStream: %v", err)
+		}
+		nc.Close()
+
+		if err := s.Stop(); err != nil {
+			t.Fatalf("stop %d: %v", i, err)
+		}
+		if err := stack.Eventually(10*time.Second, func() error {
+			if kids := children(t); len(kids) > 0 {
+				return &leak{"child processes " + strings.Join(kids, ",")}
+			}
+			for _, addr := range []string{apiHost, natsAddr} {
+				if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+					c.Close()
+					return &leak{"still listening on " + addr}
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("after stop %d: %v", i, err)
+		}
+		if _, err := os.Stat(store); !os.IsNotExist(err) {
+			t.Errorf("after stop %d: temporary NATS store %s left behind (%v)", i, store, err)
+		}
+	}
+}
+
+// TestNATSRestartKeepsStore: a restarted server has the same URL and the
+// stream data written before.
+func TestNATSRestartKeepsStore(t *testing.T) {
+	n, err := stack.StartNATS(stack.NATSOptions{StoreDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop()
+	url := n.URL()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := nc.JetStream()
+	if _, err := js.AddStream(&nats.StreamConfig{Name: "KEEP", Subjects: []string{"keep.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish("keep.a", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if n.URL() != url {
+		t.Errorf("URL changed from %s to %s", url, n.URL())
+	}
+	if err := stack.Eventually(10*time.Second, func() error {
+		info, err := js.StreamInfo("KEEP")
+		if err != nil {
+			return err
+		}
+		if info.State.Msgs != 1 {
+			return &leak{"messages " + strconv.FormatUint(info.State.Msgs, 10)}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type leak struct{ s string }
+
+func (l *leak) Error() string { return l.s }
+
+// children lists the names of this process's child processes.
+func children(t *testing.T) []string {
+	t.Helper()
+	me := strconv.Itoa(os.Getpid())
+	dirs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	var out []string
+	for _, d := range dirs {
+		b, err := os.ReadFile(d)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...
+		s := string(b)
+		end := strings.LastIndexByte(s, ')')
+		if end < 0 {
+			continue
+		}
+		fields := strings.Fields(s[end+1:])
+		if len(fields) > 1 && fields[1] == me {
+			out = append(out, s[strings.IndexByte(s, '(')+1:end])
+		}
+	}
+	return out
+}
