@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -60,11 +61,15 @@ All flags of the bridge itself apply; nats.urls and leader election are set by d
 		if err != nil {
 			return err
 		}
-		defer func() {
-			if err := st.Stop(); err != nil {
-				fmt.Fprintln(os.Stderr, "stop local stack:", err)
-			}
-		}()
+		var stopOnce sync.Once
+		stop := func() {
+			stopOnce.Do(func() {
+				if err := st.Stop(); err != nil {
+					fmt.Fprintln(os.Stderr, "stop local stack:", err)
+				}
+			})
+		}
+		defer stop()
 
 		kubeconfig := filepath.Join(abs, "kubeconfig")
 		if err := writeKubeconfig(st.Env, kubeconfig); err != nil {
@@ -74,7 +79,7 @@ All flags of the bridge itself apply; nats.urls and leader election are set by d
 		cfg.LeaderElection.Enabled = false
 
 		printBanner(cmd, kubeconfig, st.NATS.URL(), time.Since(start))
-		ctx, cancel := signalContext()
+		ctx, cancel := signalContext(stop)
 		defer cancel()
 		return bridge.Run(ctrl.LoggerInto(ctx, ctrl.Log), cfg, st.RestConfig)
 	}

@@ -28,9 +28,9 @@ func main() {
 	}
 }
 
-// signalContext is cancelled on the first SIGINT or SIGTERM; a second one
-// exits at once.
-func signalContext() (context.Context, context.CancelFunc) {
+// signalContext is cancelled on the first SIGINT or SIGTERM. A second one
+// runs beforeExit (if set, to stop child processes) and exits at once.
+func signalContext(beforeExit func()) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ch := make(chan os.Signal, 2)
 	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
@@ -38,6 +38,10 @@ func signalContext() (context.Context, context.CancelFunc) {
 		<-ch
 		cancel()
 		<-ch
+		fmt.Fprintln(os.Stderr, "second signal: exiting without waiting for in-flight publishes")
+		if beforeExit != nil {
+			beforeExit()
+		}
 		os.Exit(1)
 	}()
 	return ctx, cancel
@@ -83,7 +87,7 @@ its environment variable are listed in configs/student-bridge.yaml.`,
 		if err != nil {
 			return err
 		}
-		ctx, cancel := signalContext()
+		ctx, cancel := signalContext(nil)
 		defer cancel()
 		return bridge.Run(ctx, cfg, restCfg)
 	}

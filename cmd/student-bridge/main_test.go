@@ -1,0 +1,104 @@
+package main_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/student-bridge/student-bridge/internal/config"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "student-bridge-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "student-bridge")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func run(t *testing.T, env []string, args ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// TestHelpExplainsEveryFlag: every setting with a flag appears in --help
+// with its explanation.
+func TestHelpExplainsEveryFlag(t *testing.T) {
+	out, err := run(t, nil, "--help")
+	if err != nil {
+		t.Fatalf("--help: %v\n%s", err, out)
+	}
+	for _, s := range config.Settings {
+		if s.Flag == "" {
+			continue
+		}
+		if !strings.Contains(out, "--"+s.Flag) || !strings.Contains(out, s.Help[:min(len(s.Help), 20)]) {
+			t.Errorf("--help lacks --%s or its explanation", s.Flag)
+		}
+	}
+	for _, f := range []string{"--config", "--kubeconfig", "--master", "--zap-log-level"} {
+		if !strings.Contains(out, f) {
+			t.Errorf("--help lacks %s", f)
+		}
+	}
+}
+
+// TestBadConfigFailsAtStartup: a bad value stops the binary before it
+// connects anywhere, naming the key, with a non-zero exit.
+func TestBadConfigFailsAtStartup(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(cfg, []byte("nats:\n  mode: kafka\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		env  []string
+		args []string
+		want string
+	}{
+		{"file", nil, []string{"--config", cfg}, "nats.mode"},
+		{"env", []string{"STUDENT_BRIDGE_WORKERS=none"}, nil, "workers"},
+		{"flag", nil, []string{"--stream-discard=maybe"}, "nats.stream.discard"},
+		{"missing creds", nil, []string{"--nats-creds-file=/nonexistent/creds"}, "nats.auth.credsFile"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := run(t, tc.env, tc.args...)
+			if err == nil {
+				t.Fatalf("exited 0:\n%s", out)
+			}
+			if !strings.Contains(out, tc.want) {
+				t.Errorf("output does not name %s:\n%s", tc.want, out)
+			}
+		})
+	}
+}
+
+// TestSecretsNeverLogged: a password given by environment never shows in
+// the output, even when startup fails.
+func TestSecretsNeverLogged(t *testing.T) {
+	out, _ := run(t, []string{"STUDENT_BRIDGE_NATS_AUTH_PASSWORD=hunter2-secret", "STUDENT_BRIDGE_NATS_URLS=nats://u:hunter2-secret@127.0.0.1:1"},
+		"--kubeconfig=/nonexistent", "--zap-log-level=debug")
+	if strings.Contains(out, "hunter2-secret") {
+		t.Errorf("secret in output:\n%s", out)
+	}
+}
