@@ -29,6 +29,7 @@ func TestRestartRepublishesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	waitStream(t, nc, cfg.NATS.Stream.Name, n)
 	patch(t, getStudent(t, ns, "s0"), func(s *studentv1.Student) { s.Spec.School = "other" })
 	waitStream(t, nc, cfg.NATS.Stream.Name, n+1)
 	waitFor(t, "every status written", func() error {

@@ -35,6 +35,26 @@ type Config struct {
 	Retry          Retry          `mapstructure:"retry"`
 	NATS           NATS           `mapstructure:"nats"`
 	ShutdownGrace  time.Duration  `mapstructure:"shutdownTimeout"`
+	Snapshot       Snapshot       `mapstructure:"snapshot"`
+	Tail           Tail           `mapstructure:"tail"`
+}
+
+// Snapshot configures bridge-side replay: snapshot events of every current
+// Student, at startup and on request.
+type Snapshot struct {
+	OnStartup      bool   `mapstructure:"onStartup"`
+	RequestSubject string `mapstructure:"requestSubject"`
+}
+
+// Tail configures `student-bridge tail`, the consumer side.
+type Tail struct {
+	Subjects     []string `mapstructure:"subjects"`
+	Output       string   `mapstructure:"output"`
+	Deliver      string   `mapstructure:"deliver"`
+	Since        string   `mapstructure:"since"`
+	FromSequence uint64   `mapstructure:"fromSequence"`
+	Durable      string   `mapstructure:"durable"`
+	Follow       bool     `mapstructure:"follow"`
 }
 
 // LeaderElection configures the lease that keeps one replica active.
@@ -155,46 +175,100 @@ var Settings = []Setting{
 	{"nats.stream.maxMsgs", "stream-max-msgs", 0, "Message limit of a created stream; 0 is unlimited."},
 	{"nats.stream.discard", "stream-discard", "old", "When a created stream is full: old drops the oldest events, new refuses new ones (the bridge retries)."},
 	{"nats.stream.duplicates", "stream-duplicate-window", "2m", "Window in which the stream drops an event whose id it already stored."},
+	{"snapshot.onStartup", "snapshot-on-startup", false, "Publish a snapshot event (student.snapshot) of every Student when the bridge becomes leader."},
+	{"snapshot.requestSubject", "snapshot-request-subject", "student-bridge.snapshot", "NATS subject on which the leader answers snapshot requests; empty disables them. Must not be under the stream's subjects."},
 }
 
-// Loader reads configuration. Create one per load with New.
+// TailSettings are the keys of `student-bridge tail`; they live in the same
+// file, under tail:.
+var TailSettings = []Setting{
+	{"tail.subjects", "subjects", []string{}, "Subjects to read, comma separated; default <nats.subjectPrefix>.> (everything)."},
+	{"tail.output", "output", "text", "text: one readable line per event; json: one CloudEvent JSON object per line."},
+	{"tail.deliver", "deliver", "new", "new: only events from now on; all: the whole stream; last: the last event of every Student, then new ones; since: from tail.since; sequence: from tail.fromSequence."},
+	{"tail.since", "since", "", "With deliver=since: an RFC 3339 time or a duration back from now, e.g. 1h."},
+	{"tail.fromSequence", "from-sequence", 0, "With deliver=sequence: the first stream sequence to print."},
+	{"tail.durable", "durable", "", "Name of a durable consumer: a restarted tail resumes after the last event it printed."},
+	{"tail.follow", "follow", true, "Keep waiting for new events; false exits once the stream is read to its end."},
+}
+
+// natsConnectionKeys are the nats.* keys tail shares with the bridge.
+var natsConnectionKeys = []string{"nats.urls", "nats.name", "nats.connectTimeout", "nats.reconnectWait", "nats.maxReconnects",
+	"nats.subjectPrefix", "nats.stream.name", "nats.auth.", "nats.tls."}
+
+// Loader reads configuration. Create one per load with New or NewTail.
 type Loader struct {
-	v     *viper.Viper
-	flags *pflag.FlagSet
+	v    *viper.Viper
+	tail bool
 }
 
-// New returns a Loader with every default set and its flags registered on fs.
+// New returns the bridge's Loader, with every default set and the bridge's
+// flags registered on fs (which may be nil).
 func New(fs *pflag.FlagSet) *Loader {
+	l := newLoader()
+	l.addFlags(fs, Settings)
+	return l
+}
+
+// NewTail returns the Loader of `student-bridge tail`: the tail.* flags and
+// the NATS connection flags it shares with the bridge.
+func NewTail(fs *pflag.FlagSet) *Loader {
+	l := newLoader()
+	l.tail = true
+	var shared []Setting
+	for _, s := range Settings {
+		for _, k := range natsConnectionKeys {
+			if s.Key == k || (strings.HasSuffix(k, ".") && strings.HasPrefix(s.Key, k)) {
+				shared = append(shared, s)
+			}
+		}
+	}
+	l.addFlags(fs, shared)
+	l.addFlags(fs, TailSettings)
+	return l
+}
+
+func newLoader() *Loader {
 	v := viper.New()
 	v.SetEnvPrefix(EnvPrefix)
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
 	v.AutomaticEnv()
-	for _, s := range Settings {
+	for _, s := range allSettings() {
 		v.SetDefault(s.Key, s.Default)
 		// AutomaticEnv only answers keys viper is asked for; binding makes
 		// Unmarshal see environment variables of nested keys too.
 		_ = v.BindEnv(s.Key, EnvName(s.Key))
 	}
-	l := &Loader{v: v, flags: fs}
-	if fs != nil {
-		for _, s := range Settings {
-			if s.Flag == "" {
-				continue
-			}
-			switch d := s.Default.(type) {
-			case bool:
-				fs.Bool(s.Flag, d, s.Help)
-			case int:
-				fs.Int(s.Flag, d, s.Help)
-			case []string:
-				fs.StringSlice(s.Flag, d, s.Help)
-			default:
-				fs.String(s.Flag, fmt.Sprint(d), s.Help)
-			}
-			_ = v.BindPFlag(s.Key, fs.Lookup(s.Flag))
-		}
+	return &Loader{v: v}
+}
+
+func allSettings() []Setting {
+	return append(append([]Setting(nil), Settings...), TailSettings...)
+}
+
+func (l *Loader) addFlags(fs *pflag.FlagSet, settings []Setting) {
+	if fs == nil {
+		return
 	}
-	return l
+	for _, s := range settings {
+		if s.Flag == "" {
+			continue
+		}
+		short := ""
+		if s.Flag == "output" {
+			short = "o"
+		}
+		switch d := s.Default.(type) {
+		case bool:
+			fs.BoolP(s.Flag, short, d, s.Help)
+		case int:
+			fs.IntP(s.Flag, short, d, s.Help)
+		case []string:
+			fs.StringSliceP(s.Flag, short, d, s.Help)
+		default:
+			fs.StringP(s.Flag, short, fmt.Sprint(d), s.Help)
+		}
+		_ = l.v.BindPFlag(s.Key, fs.Lookup(s.Flag))
+	}
 }
 
 // EnvName is the environment variable of key.
@@ -229,7 +303,12 @@ func (l *Loader) Load(file string) (*Config, error) {
 		return nil, fmt.Errorf("config: %w", explainDecodeError(err))
 	}
 	c.Namespaces = trimAll(c.Namespaces)
-	if err := c.Validate(); err != nil {
+	c.Tail.Subjects = trimAll(c.Tail.Subjects)
+	validate := c.Validate
+	if l.tail {
+		validate = c.ValidateTail
+	}
+	if err := validate(); err != nil {
 		return nil, err
 	}
 	return &c, nil
@@ -237,7 +316,7 @@ func (l *Loader) Load(file string) (*Config, error) {
 
 func checkKnownKeys(keys []string) error {
 	known := map[string]bool{}
-	for _, s := range Settings {
+	for _, s := range allSettings() {
 		known[strings.ToLower(s.Key)] = true
 	}
 	var unknown []string
@@ -272,10 +351,14 @@ func trimAll(in []string) []string {
 	return out
 }
 
-// Validate checks every key and names the first bad one.
+func bad(key string, format string, args ...any) error {
+	return fmt.Errorf("config key %s (env %s): %s", key, EnvName(key), fmt.Sprintf(format, args...))
+}
+
+// Validate checks every key the bridge uses and names the first bad one.
 func (c *Config) Validate() error {
-	bad := func(key string, format string, args ...any) error {
-		return fmt.Errorf("config key %s (env %s): %s", key, EnvName(key), fmt.Sprintf(format, args...))
+	if err := c.validateConnection(); err != nil {
+		return err
 	}
 	switch {
 	case c.Cluster == "" || strings.ContainsAny(c.Cluster, "/ \t"):
@@ -290,28 +373,12 @@ func (c *Config) Validate() error {
 		return bad("shutdownTimeout", "%s must be positive", c.ShutdownGrace)
 	case c.LeaderElection.Enabled && c.LeaderElection.ID == "":
 		return bad("leaderElection.id", "must be set when leader election is enabled")
-	case strings.TrimSpace(c.NATS.URLs) == "":
-		return bad("nats.urls", "must name at least one server")
 	case c.NATS.Mode != "jetstream" && c.NATS.Mode != "core":
 		return bad("nats.mode", "%q: want jetstream or core", c.NATS.Mode)
 	case c.NATS.Encoding != "structured" && c.NATS.Encoding != "binary":
 		return bad("nats.encoding", "%q: want structured or binary", c.NATS.Encoding)
-	case c.NATS.ConnectTimeout <= 0:
-		return bad("nats.connectTimeout", "%s must be positive", c.NATS.ConnectTimeout)
-	case c.NATS.ReconnectWait <= 0:
-		return bad("nats.reconnectWait", "%s must be positive", c.NATS.ReconnectWait)
-	case c.NATS.MaxReconnects < -1:
-		return bad("nats.maxReconnects", "%d: want -1 (forever) or more", c.NATS.MaxReconnects)
 	case c.NATS.AckTimeout <= 0:
 		return bad("nats.ackTimeout", "%s must be positive", c.NATS.AckTimeout)
-	case c.NATS.Auth.Password != "" && c.NATS.Auth.PasswordFile != "":
-		return bad("nats.auth.passwordFile", "set either the password or the password file, not both")
-	case c.NATS.Auth.Token != "" && c.NATS.Auth.TokenFile != "":
-		return bad("nats.auth.tokenFile", "set either the token or the token file, not both")
-	case (c.NATS.TLS.CertFile == "") != (c.NATS.TLS.KeyFile == ""):
-		return bad("nats.tls.certFile", "the client certificate and key (nats.tls.keyFile) go together")
-	case c.NATS.Stream.Name == "" || strings.ContainsAny(c.NATS.Stream.Name, ". *>\t"):
-		return bad("nats.stream.name", "%q must be non-empty without '.', '*', '>' or spaces", c.NATS.Stream.Name)
 	case c.NATS.Stream.Storage != "file" && c.NATS.Stream.Storage != "memory":
 		return bad("nats.stream.storage", "%q: want file or memory", c.NATS.Stream.Storage)
 	case c.NATS.Stream.Replicas < 1 || c.NATS.Stream.Replicas > 5:
@@ -326,6 +393,10 @@ func (c *Config) Validate() error {
 		return bad("nats.stream.discard", "%q: want old or new", c.NATS.Stream.Discard)
 	case c.NATS.Stream.Duplicates <= 0:
 		return bad("nats.stream.duplicates", "%s must be positive: ids deduplicate republished events", c.NATS.Stream.Duplicates)
+	case strings.ContainsAny(c.Snapshot.RequestSubject, " \t*>"):
+		return bad("snapshot.requestSubject", "%q must be a literal subject", c.Snapshot.RequestSubject)
+	case c.Snapshot.RequestSubject != "" && strings.HasPrefix(c.Snapshot.RequestSubject, c.NATS.SubjectPrefix+"."):
+		return bad("snapshot.requestSubject", "%q is under the stream's subjects %s.>; requests would be stored as events", c.Snapshot.RequestSubject, c.NATS.SubjectPrefix)
 	}
 	for _, addr := range []struct{ key, val string }{{"metricsAddr", c.MetricsAddr}, {"healthAddr", c.HealthAddr}} {
 		if addr.val == "0" {
@@ -335,8 +406,75 @@ func (c *Config) Validate() error {
 			return bad(addr.key, "%q is not host:port: %v", addr.val, err)
 		}
 	}
+	if c.Kubeconfig != "" {
+		if _, err := os.Stat(c.Kubeconfig); err != nil {
+			return bad("kubeconfig", "%v", err)
+		}
+	}
+	return nil
+}
+
+// ValidateTail checks the keys `student-bridge tail` uses.
+func (c *Config) ValidateTail() error {
+	if err := c.validateConnection(); err != nil {
+		return err
+	}
+	t := c.Tail
+	switch {
+	case t.Output != "text" && t.Output != "json":
+		return bad("tail.output", "%q: want text or json", t.Output)
+	case t.Deliver == "since" && t.Since == "":
+		return bad("tail.since", "must be set with tail.deliver=since")
+	case t.Deliver == "sequence" && t.FromSequence == 0:
+		return bad("tail.fromSequence", "must be at least 1 with tail.deliver=sequence")
+	case t.Deliver != "new" && t.Deliver != "all" && t.Deliver != "last" && t.Deliver != "since" && t.Deliver != "sequence":
+		return bad("tail.deliver", "%q: want new, all, last, since or sequence", t.Deliver)
+	case strings.ContainsAny(t.Durable, ". *>\t"):
+		return bad("tail.durable", "%q must not contain '.', '*', '>' or spaces", t.Durable)
+	}
+	if t.Since != "" {
+		if _, err := SinceTime(t.Since, time.Now()); err != nil {
+			return bad("tail.since", "%v", err)
+		}
+	}
+	return nil
+}
+
+// SinceTime parses tail.since: an RFC 3339 time, or a duration before now.
+func SinceTime(since string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(since); err == nil {
+		if d < 0 {
+			return time.Time{}, fmt.Errorf("duration %s must not be negative", since)
+		}
+		return now.Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339, since)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time nor a duration", since)
+	}
+	return t, nil
+}
+
+func (c *Config) validateConnection() error {
+	switch {
+	case strings.TrimSpace(c.NATS.URLs) == "":
+		return bad("nats.urls", "must name at least one server")
+	case c.NATS.ConnectTimeout <= 0:
+		return bad("nats.connectTimeout", "%s must be positive", c.NATS.ConnectTimeout)
+	case c.NATS.ReconnectWait <= 0:
+		return bad("nats.reconnectWait", "%s must be positive", c.NATS.ReconnectWait)
+	case c.NATS.MaxReconnects < -1:
+		return bad("nats.maxReconnects", "%d: want -1 (forever) or more", c.NATS.MaxReconnects)
+	case c.NATS.Auth.Password != "" && c.NATS.Auth.PasswordFile != "":
+		return bad("nats.auth.passwordFile", "set either the password or the password file, not both")
+	case c.NATS.Auth.Token != "" && c.NATS.Auth.TokenFile != "":
+		return bad("nats.auth.tokenFile", "set either the token or the token file, not both")
+	case (c.NATS.TLS.CertFile == "") != (c.NATS.TLS.KeyFile == ""):
+		return bad("nats.tls.certFile", "the client certificate and key (nats.tls.keyFile) go together")
+	case c.NATS.Stream.Name == "" || strings.ContainsAny(c.NATS.Stream.Name, ". *>\t"):
+		return bad("nats.stream.name", "%q must be non-empty without '.', '*', '>' or spaces", c.NATS.Stream.Name)
+	}
 	for _, f := range []struct{ key, path string }{
-		{"kubeconfig", c.Kubeconfig},
 		{"nats.auth.passwordFile", c.NATS.Auth.PasswordFile}, {"nats.auth.tokenFile", c.NATS.Auth.TokenFile},
 		{"nats.auth.nkeySeedFile", c.NATS.Auth.NkeySeedFile}, {"nats.auth.credsFile", c.NATS.Auth.CredsFile},
 		{"nats.tls.caFile", c.NATS.TLS.CAFile}, {"nats.tls.certFile", c.NATS.TLS.CertFile}, {"nats.tls.keyFile", c.NATS.TLS.KeyFile},

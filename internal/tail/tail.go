@@ -1,0 +1,263 @@
+// Package tail is the consumer side of student-bridge: it reads Student
+// CloudEvents from the JetStream stream, replays history as configured, and
+// prints each event as a readable line or as CloudEvent JSON.
+package tail
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	natssink "github.com/student-bridge/student-bridge/sink/nats"
+)
+
+// Deliver policies: where in the stream reading starts.
+const (
+	DeliverNew      = "new"      // only events published from now on
+	DeliverAll      = "all"      // the whole stream
+	DeliverLast     = "last"     // the last event of every Student, then new ones
+	DeliverSince    = "since"    // from Options.Since
+	DeliverSequence = "sequence" // from Options.FromSequence
+)
+
+// Options configure Run.
+type Options struct {
+	Stream       string
+	Subjects     []string
+	Deliver      string
+	Since        time.Time
+	FromSequence uint64
+	// Durable names a durable consumer that remembers what was printed.
+	Durable string
+	// Follow keeps waiting for new events; without it Run returns once the
+	// stream has been read to its end.
+	Follow bool
+	// JSON prints one CloudEvent JSON object per line instead of text.
+	JSON bool
+	Out  io.Writer
+}
+
+// Run prints events until ctx is cancelled or, without Follow, the stream is
+// read to its end.
+func Run(ctx context.Context, nc *nats.Conn, o Options) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	cons, err := consumer(ctx, js, o)
+	if err != nil {
+		return err
+	}
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("consumer info: %w", err)
+	}
+	pending := info.NumPending
+	if o.Deliver == DeliverNew {
+		pending = 0
+	}
+
+	iter, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("read stream %s: %w", o.Stream, err)
+	}
+	defer iter.Stop()
+
+	// last: read history up to where it was at the start, keep the newest
+	// event of each Student, print those in stream order, then go on.
+	var batch []*held
+	holding := o.Deliver == DeliverLast && pending > 0
+	bySubject := map[string]*held{}
+
+	p := printer{out: o.Out, json: o.JSON}
+	for {
+		if pending == 0 && !holding && !o.Follow {
+			return nil
+		}
+		msg, err := iter.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			return fmt.Errorf("next event: %w", err)
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return err
+		}
+		if pending > 0 {
+			pending = meta.NumPending
+		}
+		ev, decodeErr := natssink.DecodeMsg(ctx, &nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()})
+		h := &held{seq: meta.Sequence.Stream, msg: msg, ev: ev, err: decodeErr}
+		if holding {
+			key := msg.Subject()
+			if ev != nil {
+				key = ev.Source() + " " + ev.Subject()
+			}
+			if old, ok := bySubject[key]; ok {
+				if err := ack(o, old.msg); err != nil {
+					return err
+				}
+			}
+			bySubject[key] = h
+			if pending > 0 {
+				continue
+			}
+			holding = false
+			batch = slices.Collect(maps.Values(bySubject))
+			sort.Slice(batch, func(i, j int) bool { return batch[i].seq < batch[j].seq })
+		} else {
+			batch = []*held{h}
+		}
+		for _, h := range batch {
+			if err := p.print(h); err != nil {
+				return err
+			}
+			if err := ack(o, h.msg); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+type held struct {
+	seq uint64
+	msg jetstream.Msg
+	ev  *cloudevents.Event
+	err error
+}
+
+func ack(o Options, msg jetstream.Msg) error {
+	if o.Durable == "" {
+		return nil
+	}
+	if err := msg.DoubleAck(context.Background()); err != nil {
+		return fmt.Errorf("ack: %w", err)
+	}
+	return nil
+}
+
+func consumer(ctx context.Context, js jetstream.JetStream, o Options) (jetstream.Consumer, error) {
+	policy := jetstream.DeliverNewPolicy
+	var startSeq uint64
+	var startTime *time.Time
+	switch o.Deliver {
+	case DeliverNew, "":
+	case DeliverAll, DeliverLast:
+		policy = jetstream.DeliverAllPolicy
+	case DeliverSince:
+		policy = jetstream.DeliverByStartTimePolicy
+		startTime = &o.Since
+	case DeliverSequence:
+		policy = jetstream.DeliverByStartSequencePolicy
+		startSeq = o.FromSequence
+	default:
+		return nil, fmt.Errorf("unknown deliver policy %q", o.Deliver)
+	}
+	if o.Durable == "" {
+		c, err := js.OrderedConsumer(ctx, o.Stream, jetstream.OrderedConsumerConfig{
+			FilterSubjects: o.Subjects,
+			DeliverPolicy:  policy,
+			OptStartSeq:    startSeq,
+			OptStartTime:   startTime,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("consumer on stream %s: %w", o.Stream, err)
+		}
+		return c, nil
+	}
+	// A durable consumer that exists resumes where it stopped; its start
+	// policy only matters the first time.
+	if c, err := js.Consumer(ctx, o.Stream, o.Durable); err == nil {
+		return c, nil
+	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, fmt.Errorf("durable consumer %s: %w", o.Durable, err)
+	}
+	cfg := jetstream.ConsumerConfig{
+		Durable:       o.Durable,
+		Description:   "student-bridge tail",
+		DeliverPolicy: policy,
+		OptStartSeq:   startSeq,
+		OptStartTime:  startTime,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+	}
+	if len(o.Subjects) == 1 {
+		cfg.FilterSubject = o.Subjects[0]
+	} else {
+		cfg.FilterSubjects = o.Subjects
+	}
+	c, err := js.CreateConsumer(ctx, o.Stream, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create durable consumer %s: %w", o.Durable, err)
+	}
+	return c, nil
+}
+
+type printer struct {
+	out  io.Writer
+	json bool
+}
+
+func (p printer) print(h *held) error {
+	if h.err != nil {
+		_, err := fmt.Fprintf(p.out, "#%d %s: not a CloudEvent: %v\n", h.seq, h.msg.Subject(), h.err)
+		return err
+	}
+	if p.json {
+		b, err := json.Marshal(h.ev)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(p.out, "%s\n", b)
+		return err
+	}
+	_, err := fmt.Fprintln(p.out, Line(h.seq, h.ev))
+	return err
+}
+
+// Line renders an event as one readable line: time, stream sequence,
+// operation, namespace/name, generation, and the spec (on updates, what
+// changed).
+func Line(seq uint64, ev *cloudevents.Event) string {
+	typ := ev.Type()
+	op := typ[strings.LastIndexByte(typ, '.')+1:]
+	var d studentv1.StudentEventData
+	if err := json.Unmarshal(ev.Data(), &d); err != nil {
+		return fmt.Sprintf("%s #%d %-8s %s (data: %v)", ev.Time().UTC().Format(time.RFC3339), seq, op, ev.Subject(), err)
+	}
+	var details []string
+	if prev := d.PreviousSpec; prev != nil && op == studentv1.OperationUpdated {
+		if prev.Name != d.Spec.Name {
+			details = append(details, fmt.Sprintf("name: %q -> %q", prev.Name, d.Spec.Name))
+		}
+		if prev.School != d.Spec.School {
+			details = append(details, fmt.Sprintf("school: %q -> %q", prev.School, d.Spec.School))
+		}
+		if len(details) == 0 {
+			details = append(details, "labels changed")
+		}
+	} else {
+		details = append(details, fmt.Sprintf("name=%q school=%q", d.Spec.Name, d.Spec.School))
+	}
+	if len(d.Metadata.Labels) > 0 {
+		var ls []string
+		for _, k := range slices.Sorted(maps.Keys(d.Metadata.Labels)) {
+			ls = append(ls, k+"="+d.Metadata.Labels[k])
+		}
+		details = append(details, "labels="+strings.Join(ls, ","))
+	}
+	return fmt.Sprintf("%s #%d %-8s %s gen=%d %s", ev.Time().UTC().Format(time.RFC3339), seq, op, ev.Subject(), d.Metadata.Generation, strings.Join(details, " "))
+}
