@@ -38,8 +38,9 @@ run: build $(TEST_DEPS) ## Run the bridge on a local stack (kube-apiserver + etc
 	$(BIN)/student-bridge dev --assets $(KUBEBUILDER_ASSETS)
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types.
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types and configs/student-bridge.yaml.
 	$(CONTROLLER_GEN) object paths=./api/...
+	$(GO) run ./hack/configdoc configs/student-bridge.yaml
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC under deploy/.
@@ -49,9 +50,9 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC under deploy/.
 .PHONY: verify-gen
 verify-gen: $(CONTROLLER_GEN) ## Fail if generated code or manifests are stale (regenerates them in place).
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	mkdir -p "$$tmp/deploy" && cp -r api "$$tmp/" && cp -r deploy/crd deploy/rbac "$$tmp/deploy/"; \
+	mkdir -p "$$tmp/deploy" && cp -r api configs "$$tmp/" && cp -r deploy/crd deploy/rbac "$$tmp/deploy/"; \
 	$(MAKE) --no-print-directory -s generate manifests; \
-	if ! diff -r "$$tmp/api" api || ! diff -r "$$tmp/deploy/crd" deploy/crd || ! diff -r "$$tmp/deploy/rbac" deploy/rbac; then \
+	if ! diff -r "$$tmp/api" api || ! diff -r "$$tmp/configs" configs || ! diff -r "$$tmp/deploy/crd" deploy/crd || ! diff -r "$$tmp/deploy/rbac" deploy/rbac; then \
 		echo "generated files were stale and have been regenerated: review and commit them"; exit 1; fi
 
 .PHONY: fmt

@@ -91,7 +91,7 @@ its environment variable are listed in configs/student-bridge.yaml.`,
 		defer cancel()
 		return bridge.Run(ctx, cfg, restCfg)
 	}
-	cmd.AddCommand(newDevCommand(setupLog, &configFile))
+	cmd.AddCommand(newDevCommand(setupLog, &configFile), newTailCommand(setupLog, &configFile), newSnapshotCommand(setupLog, &configFile))
 	return cmd
 }
 

@@ -132,6 +132,20 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 		return fmt.Errorf("set up controller: %w", err)
 	}
 
+	if cfg.Snapshot.OnStartup || cfg.Snapshot.RequestSubject != "" {
+		if err := mgr.Add(&snapshotServer{
+			nc:         nc,
+			cache:      mgr.GetCache(),
+			snap:       &reconciler.Snapshotter{Reader: mgr.GetClient(), Sink: pub, Cluster: cfg.Cluster},
+			onStartup:  cfg.Snapshot.OnStartup,
+			subject:    cfg.Snapshot.RequestSubject,
+			namespaces: cfg.Namespaces,
+			log:        log.WithName("snapshot"),
+		}); err != nil {
+			return err
+		}
+	}
+
 	log.Info("running")
 	if err := mgr.Start(ctx); err != nil {
 		return fmt.Errorf("manager: %w", err)

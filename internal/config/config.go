@@ -197,14 +197,15 @@ var natsConnectionKeys = []string{"nats.urls", "nats.name", "nats.connectTimeout
 
 // Loader reads configuration. Create one per load with New or NewTail.
 type Loader struct {
-	v    *viper.Viper
-	tail bool
+	v        *viper.Viper
+	validate func(*Config) error
 }
 
 // New returns the bridge's Loader, with every default set and the bridge's
 // flags registered on fs (which may be nil).
 func New(fs *pflag.FlagSet) *Loader {
 	l := newLoader()
+	l.validate = (*Config).Validate
 	l.addFlags(fs, Settings)
 	return l
 }
@@ -213,7 +214,27 @@ func New(fs *pflag.FlagSet) *Loader {
 // the NATS connection flags it shares with the bridge.
 func NewTail(fs *pflag.FlagSet) *Loader {
 	l := newLoader()
-	l.tail = true
+	l.validate = (*Config).ValidateTail
+	l.addFlags(fs, connectionSettings())
+	l.addFlags(fs, TailSettings)
+	return l
+}
+
+// NewSnapshotClient returns the Loader of `student-bridge snapshot`: the NATS
+// connection flags and snapshot.requestSubject.
+func NewSnapshotClient(fs *pflag.FlagSet) *Loader {
+	l := newLoader()
+	l.validate = (*Config).validateConnection
+	l.addFlags(fs, connectionSettings())
+	for _, s := range Settings {
+		if s.Key == "snapshot.requestSubject" {
+			l.addFlags(fs, []Setting{s})
+		}
+	}
+	return l
+}
+
+func connectionSettings() []Setting {
 	var shared []Setting
 	for _, s := range Settings {
 		for _, k := range natsConnectionKeys {
@@ -222,9 +243,7 @@ func NewTail(fs *pflag.FlagSet) *Loader {
 			}
 		}
 	}
-	l.addFlags(fs, shared)
-	l.addFlags(fs, TailSettings)
-	return l
+	return shared
 }
 
 func newLoader() *Loader {
@@ -304,11 +323,7 @@ func (l *Loader) Load(file string) (*Config, error) {
 	}
 	c.Namespaces = trimAll(c.Namespaces)
 	c.Tail.Subjects = trimAll(c.Tail.Subjects)
-	validate := c.Validate
-	if l.tail {
-		validate = c.ValidateTail
-	}
-	if err := validate(); err != nil {
+	if err := l.validate(&c); err != nil {
 		return nil, err
 	}
 	return &c, nil

@@ -51,7 +51,10 @@ func TestDocumentedFileIsTheDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range config.Settings {
+	if string(b) != config.DocumentedYAML() {
+		t.Errorf("configs/student-bridge.yaml is stale: run make generate")
+	}
+	for _, s := range append(config.Settings, config.TailSettings...) {
 		if !strings.Contains(string(b), config.EnvName(s.Key)) {
 			t.Errorf("configs/student-bridge.yaml does not document %s (%s)", s.Key, config.EnvName(s.Key))
 		}

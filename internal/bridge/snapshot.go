@@ -1,0 +1,117 @@
+package bridge
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+
+	"github.com/student-bridge/student-bridge/reconciler"
+)
+
+// SnapshotRequest is the body of a request on snapshot.requestSubject. An
+// empty body asks for every namespace.
+type SnapshotRequest struct {
+	Namespace string `json:"namespace,omitempty"`
+}
+
+// SnapshotReply is the leader's answer.
+type SnapshotReply struct {
+	// Run identifies the snapshot; its events' ids derive from it.
+	Run string `json:"run"`
+	// Published counts the snapshot events acknowledged by the stream.
+	Published int    `json:"published"`
+	Error     string `json:"error,omitempty"`
+}
+
+// snapshotServer publishes snapshots at startup and on request. It runs on
+// the leader only, so one replica answers.
+type snapshotServer struct {
+	nc        *nats.Conn
+	cache     cache.Cache
+	snap      *reconciler.Snapshotter
+	onStartup bool
+	subject   string
+	// namespaces are the watched namespaces; empty means all.
+	namespaces []string
+	log        logr.Logger
+	runs       atomic.Int64
+}
+
+func (s *snapshotServer) NeedLeaderElection() bool { return true }
+
+func (s *snapshotServer) Start(ctx context.Context) error {
+	if !s.cache.WaitForCacheSync(ctx) {
+		return nil
+	}
+	if s.subject != "" {
+		sub, err := s.nc.Subscribe(s.subject, func(msg *nats.Msg) { go s.serve(ctx, msg) })
+		if err != nil {
+			return fmt.Errorf("subscribe to snapshot requests on %s: %w", s.subject, err)
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+		s.log.Info("answering snapshot requests", "subject", s.subject)
+	}
+	if s.onStartup {
+		s.startup(ctx)
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// startup retries the startup snapshot until it is complete: NATS may not
+// be reachable yet.
+func (s *snapshotServer) startup(ctx context.Context) {
+	run := s.newRun("startup")
+	delay := 500 * time.Millisecond
+	for {
+		n, err := s.snap.Snapshot(ctx, "", run)
+		if err == nil {
+			s.log.Info("startup snapshot published", "run", run, "students", n)
+			return
+		}
+		s.log.Info("startup snapshot failed; retrying", "run", run, "reason", err.Error(), "in", delay.String())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 30*time.Second)
+	}
+}
+
+func (s *snapshotServer) serve(ctx context.Context, msg *nats.Msg) {
+	var req SnapshotRequest
+	reply := SnapshotReply{Run: s.newRun("request")}
+	if len(msg.Data) > 0 {
+		if err := json.Unmarshal(msg.Data, &req); err != nil {
+			reply.Error = fmt.Sprintf("bad request: %v", err)
+		}
+	}
+	if reply.Error == "" && req.Namespace != "" && len(s.namespaces) > 0 && !slices.Contains(s.namespaces, req.Namespace) {
+		reply.Error = fmt.Sprintf("namespace %q is not watched by this bridge (namespaces: %v)", req.Namespace, s.namespaces)
+	}
+	if reply.Error == "" {
+		n, err := s.snap.Snapshot(ctx, req.Namespace, reply.Run)
+		reply.Published = n
+		if err != nil {
+			reply.Error = err.Error()
+		}
+		s.log.Info("snapshot on request", "run", reply.Run, "namespace", req.Namespace, "students", n, "error", reply.Error)
+	}
+	b, _ := json.Marshal(reply)
+	if msg.Reply != "" {
+		_ = msg.Respond(b)
+	}
+}
+
+func (s *snapshotServer) newRun(kind string) string {
+	return kind + "-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + strconv.FormatInt(s.runs.Add(1), 10)
+}

@@ -1,0 +1,73 @@
+package bridge_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/bridge"
+)
+
+// TestSnapshots: a bridge with snapshot.onStartup publishes one snapshot
+// event per Student and no change events; a request publishes a new
+// snapshot, of all Students or of one namespace.
+func TestSnapshots(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "snap")
+	cfg.Snapshot.RequestSubject = "snap-bridge.snapshot"
+	stop := startBridge(t, cfg)
+	nc := natsConn(t)
+	for _, name := range []string{"a", "b"} {
+		if err := st.Client.Create(ctx, newStudent(ns, name, name, "school")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStream(t, nc, cfg.NATS.Stream.Name, 2)
+	stop()
+
+	cfg.Snapshot.OnStartup = true
+	startBridge(t, cfg)
+	got := waitStream(t, nc, cfg.NATS.Stream.Name, 4)
+	startup := got[2:]
+	for _, r := range startup {
+		if r.Event.Type() != studentv1.EventTypeSnapshot || r.Subject != "snap.snapshot" || r.Data.Spec.School != "school" {
+			t.Errorf("startup snapshot event: %s on %s %+v", r.Event.Type(), r.Subject, r.Data)
+		}
+	}
+	if startup[0].Data.Metadata.Name == startup[1].Data.Metadata.Name {
+		t.Errorf("snapshot covers %s twice", startup[0].Data.Metadata.Name)
+	}
+
+	request := func(namespace string) bridge.SnapshotReply {
+		t.Helper()
+		body, _ := json.Marshal(bridge.SnapshotRequest{Namespace: namespace})
+		msg, err := nc.Request(cfg.Snapshot.RequestSubject, body, 20*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reply bridge.SnapshotReply
+		if err := json.Unmarshal(msg.Data, &reply); err != nil {
+			t.Fatal(err)
+		}
+		return reply
+	}
+	if r := request(ns); r.Published != 2 || r.Error != "" {
+		t.Errorf("request for %s published %d, want 2", ns, r.Published)
+	}
+	got = waitStream(t, nc, cfg.NATS.Stream.Name, 6)
+	if got[4].Event.ID() == startup[0].Event.ID() || got[4].Event.ID() == startup[1].Event.ID() {
+		t.Errorf("a new snapshot reused the id of the startup snapshot")
+	}
+	if r := request("not-watched"); r.Published != 0 || !strings.Contains(r.Error, "not watched") {
+		t.Errorf("request for a namespace the bridge does not watch: %+v", r)
+	}
+	// The bridge watches ns only, so "all namespaces" means ns here.
+	if r := request(""); r.Published != 2 || r.Error != "" {
+		t.Errorf("request for all published %d, want 2", r.Published)
+	}
+	waitStream(t, nc, cfg.NATS.Stream.Name, 8)
+}

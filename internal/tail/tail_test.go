@@ -1,0 +1,257 @@
+package tail_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/tail"
+	"github.com/student-bridge/student-bridge/reconciler"
+	natssink "github.com/student-bridge/student-bridge/sink/nats"
+)
+
+type fixture struct {
+	nc  *nats.Conn
+	pub *natssink.Publisher
+	gen map[string]int64
+}
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	n, err := stack.StartNATS(stack.NATSOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Stop)
+	nc, err := nats.Connect(n.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	if _, err := natssink.EnsureStream(context.Background(), js, natssink.StreamConfig{Name: "STUDENTS", Subject: "student.>", Storage: "memory", Replicas: 1, Duplicates: time.Minute}, true); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := natssink.NewSubjectLayout("student", natssink.DefaultSubjectLayout)
+	pub, err := natssink.NewPublisher(nc, natssink.Config{Layout: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{nc: nc, pub: pub, gen: map[string]int64{}}
+}
+
+// publish sends the event a bridge would send for a change of name.
+func (f *fixture) publish(t *testing.T, typ, name, school string) {
+	t.Helper()
+	f.gen[name]++
+	s := &studentv1.Student{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name, UID: types.UID("uid-" + name), Generation: f.gen[name]},
+		Spec:       studentv1.StudentSpec{Name: name, School: school},
+	}
+	prev := &studentv1.PublishedEvent{Spec: studentv1.StudentSpec{Name: name, School: "old"}}
+	ev, err := reconciler.NewEvent("test", typ, reconciler.EventID(typ, s, ""), s, prev, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.pub.Publish(context.Background(), ev); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// history publishes five events and returns the time between the second and
+// the third.
+func (f *fixture) history(t *testing.T) time.Time {
+	f.publish(t, studentv1.EventTypeCreated, "a", "s1")
+	f.publish(t, studentv1.EventTypeCreated, "b", "s1")
+	time.Sleep(50 * time.Millisecond)
+	mid := time.Now()
+	time.Sleep(50 * time.Millisecond)
+	f.publish(t, studentv1.EventTypeUpdated, "a", "s2")
+	f.publish(t, studentv1.EventTypeCreated, "c", "s1")
+	f.publish(t, studentv1.EventTypeDeleted, "b", "s1")
+	return mid
+}
+
+func run(t *testing.T, nc *nats.Conn, o tail.Options) []string {
+	t.Helper()
+	var out bytes.Buffer
+	o.Out = &out
+	if o.Stream == "" {
+		o.Stream = "STUDENTS"
+	}
+	if o.Subjects == nil {
+		o.Subjects = []string{"student.>"}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := tail.Run(ctx, nc, o); err != nil {
+		t.Fatal(err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("tail did not return once the stream was read")
+	}
+	s := strings.TrimSpace(out.String())
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, "\n")
+}
+
+// summary reduces text lines to "#seq op name".
+func summary(lines []string) string {
+	var out []string
+	for _, l := range lines {
+		f := strings.Fields(l)
+		out = append(out, f[1]+" "+f[2]+" "+strings.TrimPrefix(f[3], "default/"))
+	}
+	return strings.Join(out, ", ")
+}
+
+func TestReplayModes(t *testing.T) {
+	f := setup(t)
+	mid := f.history(t)
+	cases := []struct {
+		name string
+		o    tail.Options
+		want string
+	}{
+		{"all", tail.Options{Deliver: tail.DeliverAll}, "#1 created a, #2 created b, #3 updated a, #4 created c, #5 deleted b"},
+		{"last per student", tail.Options{Deliver: tail.DeliverLast}, "#3 updated a, #4 created c, #5 deleted b"},
+		{"from sequence", tail.Options{Deliver: tail.DeliverSequence, FromSequence: 4}, "#4 created c, #5 deleted b"},
+		{"since", tail.Options{Deliver: tail.DeliverSince, Since: mid}, "#3 updated a, #4 created c, #5 deleted b"},
+		{"new only", tail.Options{Deliver: tail.DeliverNew}, ""},
+		{"filtered subject", tail.Options{Deliver: tail.DeliverAll, Subjects: []string{"student.created"}}, "#1 created a, #2 created b, #4 created c"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := summary(run(t, f.nc, tc.o)); got != tc.want {
+				t.Errorf("got  %s\nwant %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestTextShowsWhatChanged(t *testing.T) {
+	f := setup(t)
+	f.history(t)
+	lines := run(t, f.nc, tail.Options{Deliver: tail.DeliverSequence, FromSequence: 3})
+	if !strings.Contains(lines[0], `school: "old" -> "s2"`) || !strings.Contains(lines[0], "gen=2") {
+		t.Errorf("update line %q does not show the change", lines[0])
+	}
+	if !strings.Contains(lines[1], `name="c" school="s1"`) {
+		t.Errorf("create line %q does not show the spec", lines[1])
+	}
+}
+
+func TestJSONLinesAreCloudEvents(t *testing.T) {
+	f := setup(t)
+	f.history(t)
+	lines := run(t, f.nc, tail.Options{Deliver: tail.DeliverAll, JSON: true})
+	if len(lines) != 5 {
+		t.Fatalf("%d lines", len(lines))
+	}
+	for _, l := range lines {
+		var ev cloudevents.Event
+		if err := json.Unmarshal([]byte(l), &ev); err != nil {
+			t.Fatalf("%q: %v", l, err)
+		}
+		if err := ev.Validate(); err != nil || !strings.HasPrefix(ev.Type(), "io.k8s.example.student.") {
+			t.Errorf("%q: %v", l, err)
+		}
+	}
+}
+
+func TestDurableResumesWithoutRepeats(t *testing.T) {
+	f := setup(t)
+	f.history(t)
+	o := tail.Options{Deliver: tail.DeliverAll, Durable: "billing"}
+	if got := summary(run(t, f.nc, o)); got != "#1 created a, #2 created b, #3 updated a, #4 created c, #5 deleted b" {
+		t.Fatalf("first run: %s", got)
+	}
+	f.publish(t, studentv1.EventTypeUpdated, "c", "s3")
+	if got := summary(run(t, f.nc, o)); got != "#6 updated c" {
+		t.Errorf("resumed run: %q, want only #6", got)
+	}
+	if got := summary(run(t, f.nc, o)); got != "" {
+		t.Errorf("third run repeated %q", got)
+	}
+}
+
+func TestFollowPrintsNewEvents(t *testing.T) {
+	f := setup(t)
+	f.history(t)
+	var mu sync.Mutex
+	var out bytes.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- tail.Run(ctx, f.nc, tail.Options{Stream: "STUDENTS", Subjects: []string{"student.>"}, Deliver: tail.DeliverNew, Follow: true, Out: lockedWriter{&mu, &out}})
+	}()
+	// Publish only once tail's consumer exists, or deliver=new rightly
+	// misses the event.
+	js, _ := jetstream.New(f.nc)
+	if err := stack.Eventually(10*time.Second, func() error {
+		st, err := js.Stream(ctx, "STUDENTS")
+		if err != nil {
+			return err
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.Consumers == 0 {
+			return errNotYet
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.publish(t, studentv1.EventTypeCreated, "d", "s1")
+	err := stack.Eventually(10*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if !strings.Contains(out.String(), "created  default/d") {
+			return errNotYet
+		}
+		return nil
+	})
+	cancel()
+	if rerr := <-done; rerr != nil {
+		t.Fatal(rerr)
+	}
+	if err != nil {
+		t.Fatalf("new event not printed; output %q", out.String())
+	}
+	if strings.Count(strings.TrimSpace(out.String()), "\n") != 0 {
+		t.Errorf("history printed with deliver=new: %q", out.String())
+	}
+}
+
+var errNotYet = &notYet{}
+
+type notYet struct{}
+
+func (*notYet) Error() string { return "not yet" }
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
