@@ -1,0 +1,107 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stack"
+)
+
+// TestDevStackSurvivesRestart drives `student-bridge dev` as a user would:
+// kubectl against its kubeconfig, a NATS client against its port, Ctrl+C,
+// and a second start that resumes with the same Students and stream.
+func TestDevStackSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	natsPort := freePort(t)
+	args := []string{"dev", "--dir", dir, "--nats-port", fmt.Sprint(natsPort), "--metrics-bind-address", "0", "--health-probe-bind-address", "0"}
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
+
+	p := start(t, dir, args...)
+	p.waitOutput(t, "local stack is up", 90*time.Second)
+	p.waitOutput(t, "stream ready", 30*time.Second)
+	if !strings.Contains(p.output(), "kubectl create -f configs/samples/student-instance.yaml") || !strings.Contains(p.output(), natsURL) {
+		t.Errorf("banner lacks the commands to try:\n%s", p.output())
+	}
+
+	nc, err := nats.Connect(natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+
+	kubectl(t, kubeconfig, "create", "-f", "configs/samples/student-instance.yaml")
+	got := waitEvents(t, nc, 1)
+	if got[0].Event.Type() != studentv1.EventTypeCreated || got[0].Data.Spec.Name != "wang" {
+		t.Fatalf("first event %s %+v", got[0].Event.Type(), got[0].Data)
+	}
+	if err := stack.Eventually(30*time.Second, func() error {
+		out := kubectl(t, kubeconfig, "get", "stu", "object-name", "--no-headers")
+		if !strings.Contains(out, "True") {
+			return fmt.Errorf("not published yet: %s", out)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := p.stop(t, syscall.SIGINT); err != nil {
+		t.Fatalf("dev exited with %v after SIGINT\n%s", err, p.output())
+	}
+	if err := stack.Eventually(20*time.Second, func() error {
+		if left := processesUsing(dir); len(left) > 0 {
+			return fmt.Errorf("left behind: %v", left)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Second start: same Student, same stream, nothing republished.
+	p = start(t, dir, args...)
+	p.waitOutput(t, "stream ready", 90*time.Second)
+	out := kubectl(t, kubeconfig, "get", "stu", "object-name", "-o", "jsonpath={.spec.school}")
+	if out != "china" {
+		t.Fatalf("after restart the Student is %q", out)
+	}
+	kubectl(t, kubeconfig, "patch", "stu", "object-name", "--type=merge", "-p", `{"spec":{"school":"tsinghua"}}`)
+	got = waitEvents(t, nc, 2)
+	if got[1].Event.Type() != studentv1.EventTypeUpdated || got[1].Data.PreviousSpec == nil || got[1].Data.PreviousSpec.School != "china" {
+		t.Errorf("after restart: %s %+v", got[1].Event.Type(), got[1].Data)
+	}
+	kubectl(t, kubeconfig, "delete", "stu", "object-name")
+	got = waitEvents(t, nc, 3)
+	if got[2].Event.Type() != studentv1.EventTypeDeleted {
+		t.Errorf("delete: %s", got[2].Event.Type())
+	}
+	if err := p.stop(t, syscall.SIGTERM); err != nil {
+		t.Fatalf("dev exited with %v after SIGTERM", err)
+	}
+}
+
+func waitEvents(t *testing.T, nc *nats.Conn, want int) []stack.Received {
+	t.Helper()
+	var got []stack.Received
+	if err := stack.Eventually(60*time.Second, func() error {
+		var err error
+		got, err = stack.StreamEvents(context.Background(), nc, "STUDENTS")
+		if err != nil {
+			return err
+		}
+		if len(got) != want {
+			return fmt.Errorf("stream holds %d events, want %d", len(got), want)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}

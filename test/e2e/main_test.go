@@ -1,0 +1,164 @@
+// Package e2e runs the real student-bridge binary as a process, against the
+// real control plane and NATS, and kills and restarts it.
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/student-bridge/student-bridge/internal/stack"
+)
+
+var binary, assets string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "student-bridge-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "student-bridge")
+	build := exec.Command("go", "build", "-o", binary, "./cmd/student-bridge")
+	build.Dir = stack.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	if assets, err = stack.AssetsDir(""); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is a running student-bridge process.
+type proc struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	out  bytes.Buffer
+	done chan error
+}
+
+func start(t *testing.T, dir string, args ...string) *proc {
+	t.Helper()
+	p := &proc{done: make(chan error, 1)}
+	p.cmd = exec.Command(binary, args...)
+	p.cmd.Dir = dir
+	p.cmd.Env = append(os.Environ(), "KUBEBUILDER_ASSETS="+assets)
+	p.cmd.Stdout = lockedWriter{p}
+	p.cmd.Stderr = lockedWriter{p}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("output of %v:\n%s", args, p.output())
+		}
+	})
+	return p
+}
+
+type lockedWriter struct{ p *proc }
+
+func (w lockedWriter) Write(b []byte) (int, error) {
+	w.p.mu.Lock()
+	defer w.p.mu.Unlock()
+	return w.p.out.Write(b)
+}
+
+func (p *proc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out.String()
+}
+
+// waitOutput waits until the output contains s.
+func (p *proc) waitOutput(t *testing.T, s string, timeout time.Duration) {
+	t.Helper()
+	if err := stack.Eventually(timeout, func() error {
+		select {
+		case err := <-p.done:
+			p.done <- err
+			return fmt.Errorf("process exited (%v) before printing %q", err, s)
+		default:
+		}
+		if strings.Contains(p.output(), s) {
+			return nil
+		}
+		return fmt.Errorf("no %q in output yet", s)
+	}); err != nil {
+		t.Fatalf("%v\noutput:\n%s", err, p.output())
+	}
+}
+
+// stop sends sig and waits for the process to exit.
+func (p *proc) stop(t *testing.T, sig syscall.Signal) error {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return err
+	case <-time.After(60 * time.Second):
+		t.Fatalf("process did not exit within 60s of %v\n%s", sig, p.output())
+	}
+	return nil
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func kubectl(t *testing.T, kubeconfig string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(assets, "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...)
+	cmd.Dir = stack.RepoRoot()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// processesUsing lists processes whose command line mentions s.
+func processesUsing(s string) []string {
+	dirs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	var out []string
+	for _, d := range dirs {
+		b, err := os.ReadFile(d)
+		if err != nil || !bytes.Contains(b, []byte(s)) {
+			continue
+		}
+		pid := filepath.Base(filepath.Dir(d))
+		if pid == strconv.Itoa(os.Getpid()) {
+			continue
+		}
+		out = append(out, pid+": "+strings.ReplaceAll(string(b), "\x00", " "))
+	}
+	return out
+}
