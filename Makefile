@@ -40,7 +40,7 @@ run: build $(TEST_DEPS) ## Run the bridge on a local stack (kube-apiserver + etc
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types and configs/student-bridge.yaml.
 	$(CONTROLLER_GEN) object paths=./api/...
-	$(GO) run ./hack/configdoc configs/student-bridge.yaml
+	$(GO) run ./hack/configdoc configs/student-bridge.yaml deploy/manager/student-bridge.yaml
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC under deploy/.
@@ -50,9 +50,10 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC under deploy/.
 .PHONY: verify-gen
 verify-gen: $(CONTROLLER_GEN) ## Fail if generated code or manifests are stale (regenerates them in place).
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	mkdir -p "$$tmp/deploy" && cp -r api configs "$$tmp/" && cp -r deploy/crd deploy/rbac "$$tmp/deploy/"; \
+	mkdir -p "$$tmp/deploy" && cp -r api configs "$$tmp/" && cp -r deploy/crd deploy/rbac deploy/manager "$$tmp/deploy/"; \
 	$(MAKE) --no-print-directory -s generate manifests; \
-	if ! diff -r "$$tmp/api" api || ! diff -r "$$tmp/configs" configs || ! diff -r "$$tmp/deploy/crd" deploy/crd || ! diff -r "$$tmp/deploy/rbac" deploy/rbac; then \
+	if ! diff -r "$$tmp/api" api || ! diff -r "$$tmp/configs" configs || ! diff -r "$$tmp/deploy/crd" deploy/crd || \
+		! diff -r "$$tmp/deploy/rbac" deploy/rbac || ! diff -r "$$tmp/deploy/manager" deploy/manager; then \
 		echo "generated files were stale and have been regenerated: review and commit them"; exit 1; fi
 
 .PHONY: fmt
@@ -70,6 +71,24 @@ build: ## Build bin/student-bridge.
 .PHONY: test
 test: verify-gen vet $(TEST_DEPS) ## Check generated files, vet, and run every test with -race against a real kube-apiserver and NATS.
 	$(GO) test $(TEST_FLAGS) ./...
+
+##@ Deployment (needs a container engine and a cluster; not used by the tests)
+
+IMG ?= student-bridge:dev
+CONTAINER_TOOL ?= docker
+OVERLAY ?= default
+
+.PHONY: docker-build
+docker-build: ## Build the container image $(IMG).
+	$(CONTAINER_TOOL) build -t $(IMG) .
+
+.PHONY: deploy
+deploy: $(KUBECTL) ## Apply deploy/$(OVERLAY) (default, bridge-only or dev) with image $(IMG) to the current kubectl context.
+	$(KUBECTL) kustomize deploy/$(OVERLAY) | sed 's|image: student-bridge:dev|image: $(IMG)|' | $(KUBECTL) apply --server-side -f -
+
+.PHONY: undeploy
+undeploy: $(KUBECTL) ## Delete what deploy applied (Students and their stream data included).
+	$(KUBECTL) kustomize deploy/$(OVERLAY) | $(KUBECTL) delete --ignore-not-found -f -
 
 .PHONY: bench
 bench: $(TEST_DEPS) ## Run the benchmarks.

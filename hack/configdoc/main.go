@@ -1,5 +1,7 @@
-// Command configdoc writes configs/student-bridge.yaml from the settings in
-// internal/config, so the documented file cannot drift from the code.
+// Command configdoc writes the documented config file from the settings in
+// internal/config to every path it is given (configs/student-bridge.yaml and
+// the copy the deployment's ConfigMap is made from), so neither can drift
+// from the code.
 package main
 
 import (
@@ -10,8 +12,10 @@ import (
 )
 
 func main() {
-	if err := os.WriteFile(os.Args[1], []byte(config.DocumentedYAML()), 0o644); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+	for _, path := range os.Args[1:] {
+		if err := os.WriteFile(path, []byte(config.DocumentedYAML()), 0o644); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
 	}
 }

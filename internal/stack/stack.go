@@ -137,6 +137,10 @@ func CRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 		if err != nil {
 			return nil, err
 		}
+		var kind struct{ Kind string }
+		if err := yaml.Unmarshal(b, &kind); err != nil || kind.Kind != "CustomResourceDefinition" {
+			continue // kustomization.yaml
+		}
 		var crd apiextensionsv1.CustomResourceDefinition
 		if err := yaml.UnmarshalStrict(b, &crd); err != nil {
 			return nil, fmt.Errorf("parse %s: %w", f, err)

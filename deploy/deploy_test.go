@@ -1,0 +1,286 @@
+package deploy_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/stack"
+)
+
+var (
+	st       *stack.Stack
+	overlays = []string{"default", "bridge-only", "dev"}
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	st, err = stack.Start(stack.Options{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	if err := st.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// render runs the built `kubectl kustomize` on deploy/<overlay>.
+func render(t *testing.T, overlay string) []*unstructured.Unstructured {
+	t.Helper()
+	assets, err := stack.AssetsDir("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(assets, "kubectl"), "kustomize", filepath.Join(stack.RepoRoot(), "deploy", overlay))
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize deploy/%s: %v\n%s", overlay, err, stderr.String())
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			t.Fatal(err)
+		}
+		if len(u.Object) > 0 {
+			objs = append(objs, u)
+		}
+	}
+	return objs
+}
+
+func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind && (name == "" || o.GetName() == name) {
+			return o
+		}
+	}
+	t.Fatalf("no %s %s rendered", kind, name)
+	return nil
+}
+
+func convert[T any](t *testing.T, u *unstructured.Unstructured) *T {
+	t.Helper()
+	var out T
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &out); err != nil {
+		t.Fatal(err)
+	}
+	return &out
+}
+
+// TestOverlaysApplyServerSide: every object of every overlay is accepted by
+// the real kube-apiserver with server-side apply.
+func TestOverlaysApplyServerSide(t *testing.T) {
+	ctx := context.Background()
+	for _, overlay := range overlays {
+		t.Run(overlay, func(t *testing.T) {
+			objs := render(t, overlay)
+			// Namespaces and CRDs first, as kubectl apply would need them.
+			rank := func(u *unstructured.Unstructured) int {
+				switch u.GetKind() {
+				case "Namespace":
+					return 0
+				case "CustomResourceDefinition":
+					return 1
+				}
+				return 2
+			}
+			for r := 0; r < 3; r++ {
+				for _, o := range objs {
+					if rank(o) != r {
+						continue
+					}
+					if err := st.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(o), client.FieldOwner("deploy-test"), client.ForceOwnership); err != nil {
+						t.Errorf("apply %s %s/%s: %v", o.GetKind(), o.GetNamespace(), o.GetName(), err)
+					}
+				}
+			}
+			// Remove what was applied (but the namespace and the CRD), so
+			// the next overlay starts clean: a StatefulSet's volume claim
+			// templates cannot be changed in place.
+			defer func() {
+				for _, o := range objs {
+					if rank(o) == 2 {
+						if err := st.Client.Delete(ctx, o); err != nil && !apierrors.IsNotFound(err) {
+							t.Errorf("delete %s %s: %v", o.GetKind(), o.GetName(), err)
+						}
+					}
+				}
+			}()
+			kinds := map[string]bool{}
+			for _, o := range objs {
+				kinds[o.GetKind()] = true
+			}
+			want := []string{"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "Deployment", "Service"}
+			if overlay != "bridge-only" {
+				want = append(want, "StatefulSet")
+			}
+			for _, k := range want {
+				if !kinds[k] {
+					t.Errorf("deploy/%s renders no %s", overlay, k)
+				}
+			}
+			if overlay == "bridge-only" && kinds["StatefulSet"] {
+				t.Errorf("deploy/bridge-only renders a NATS StatefulSet")
+			}
+		})
+	}
+}
+
+// TestPodsMeetRestrictedPodSecurity creates (dry-run) pods from the rendered
+// templates in a namespace that enforces the restricted profile. A pod
+// without the security context must be refused, or the check proves nothing.
+func TestPodsMeetRestrictedPodSecurity(t *testing.T) {
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "restricted-check", Labels: map[string]string{
+		"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest",
+	}}}
+	if err := st.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	objs := render(t, "default")
+	templates := map[string]corev1.PodTemplateSpec{}
+	for _, kind := range []string{"Deployment", "StatefulSet"} {
+		u := find(t, objs, kind, "")
+		tmpl, found, err := unstructured.NestedMap(u.Object, "spec", "template")
+		if err != nil || !found {
+			t.Fatalf("%s has no pod template: %v", kind, err)
+		}
+		var pt corev1.PodTemplateSpec
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(tmpl, &pt); err != nil {
+			t.Fatal(err)
+		}
+		if kind == "StatefulSet" {
+			// The StatefulSet controller adds a volume per claim template.
+			pt.Spec.Volumes = append(pt.Spec.Volumes, corev1.Volume{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+		}
+		templates[kind] = pt
+	}
+	createPod := func(name string, spec corev1.PodSpec) error {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns.Name}, Spec: spec}
+		return st.Client.Create(ctx, pod, client.DryRunAll)
+	}
+	for kind, pt := range templates {
+		if err := createPod(strings.ToLower(kind), pt.Spec); err != nil {
+			t.Errorf("%s pod refused under restricted: %v", kind, err)
+		}
+	}
+	dt := templates["Deployment"]
+	loose := dt.Spec.DeepCopy()
+	loose.SecurityContext = nil
+	loose.Containers[0].SecurityContext = nil
+	err := createPod("loose", *loose)
+	if err == nil || !strings.Contains(err.Error(), "restricted") {
+		t.Errorf("a pod without a security context was not refused: %v", err)
+	}
+}
+
+// TestRenderedRBACIsGenerated: what the overlay applies is exactly what
+// controller-gen generated from the code's markers.
+func TestRenderedRBACIsGenerated(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(stack.RepoRoot(), "deploy", "rbac", "role.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	generated := map[string][]rbacv1.PolicyRule{}
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		var r struct {
+			Kind  string              `json:"kind"`
+			Rules []rbacv1.PolicyRule `json:"rules"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Kind != "" {
+			generated[r.Kind] = r.Rules
+		}
+	}
+	for _, overlay := range overlays {
+		objs := render(t, overlay)
+		for _, kind := range []string{"ClusterRole", "Role"} {
+			rendered := find(t, objs, kind, "student-bridge")
+			var r struct {
+				Rules []rbacv1.PolicyRule `json:"rules"`
+			}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(rendered.Object, &r); err != nil {
+				t.Fatal(err)
+			}
+			if len(generated[kind]) == 0 || !reflect.DeepEqual(r.Rules, generated[kind]) {
+				t.Errorf("deploy/%s %s rules differ from the generated ones:\n%v\n%v", overlay, kind, r.Rules, generated[kind])
+			}
+		}
+	}
+}
+
+// TestConfigMapLoads: the bridge's own loader accepts the ConfigMap's file,
+// and every STUDENT_BRIDGE_* variable the Deployment sets names a real key.
+func TestConfigMapLoads(t *testing.T) {
+	known := map[string]bool{}
+	for _, s := range append(config.Settings, config.TailSettings...) {
+		known[config.EnvName(s.Key)] = true
+	}
+	for _, overlay := range overlays {
+		objs := render(t, overlay)
+		var cm *unstructured.Unstructured
+		for _, o := range objs {
+			if o.GetKind() == "ConfigMap" && strings.HasPrefix(o.GetName(), "student-bridge-config") {
+				cm = o
+			}
+		}
+		if cm == nil {
+			t.Fatalf("deploy/%s has no student-bridge-config ConfigMap", overlay)
+		}
+		data, _, _ := unstructured.NestedString(cm.Object, "data", "student-bridge.yaml")
+		file := filepath.Join(t.TempDir(), "student-bridge.yaml")
+		if err := os.WriteFile(file, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := config.New(nil).Load(file); err != nil {
+			t.Errorf("deploy/%s ConfigMap: %v", overlay, err)
+		}
+		dep := convert[struct {
+			Spec struct {
+				Template corev1.PodTemplateSpec `json:"template"`
+			} `json:"spec"`
+		}](t, find(t, objs, "Deployment", "student-bridge"))
+		c := dep.Spec.Template.Spec.Containers[0]
+		for _, e := range c.Env {
+			if strings.HasPrefix(e.Name, config.EnvPrefix) && !known[e.Name] {
+				t.Errorf("deploy/%s sets %s, which is no config key", overlay, e.Name)
+			}
+		}
+		if !strings.Contains(strings.Join(c.Args, " "), "--config=/etc/student-bridge/config/student-bridge.yaml") {
+			t.Errorf("deploy/%s does not load the ConfigMap: args %v", overlay, c.Args)
+		}
+	}
+}
