@@ -1,6 +1,9 @@
 package bridge
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -42,7 +45,6 @@ func ConnectNATS(c config.NATS, log logr.Logger) (*nats.Conn, error) {
 		nats.Timeout(c.ConnectTimeout),
 		nats.ReconnectWait(c.ReconnectWait),
 		nats.MaxReconnects(c.MaxReconnects),
-		nats.RetryOnFailedConnect(true),
 		// No reconnect buffer: a publish while disconnected fails at once
 		// instead of sitting in a buffer that may never be flushed.
 		nats.ReconnectBufSize(-1),
@@ -103,14 +105,39 @@ func ConnectNATS(c config.NATS, log logr.Logger) (*nats.Conn, error) {
 		opts = append(opts, nats.ClientCert(c.TLS.CertFile, c.TLS.KeyFile))
 	}
 
+	// A first attempt tells refused credentials and untrusted certificates,
+	// which retrying cannot fix, from an unreachable server, which it can.
 	nc, err := nats.Connect(c.URLs, opts...)
+	if err == nil {
+		return nc, nil
+	}
+	if fatal := fatalConnectError(err); fatal != nil {
+		return nil, fmt.Errorf("connect to NATS %s: %w", config.Redacted(c.URLs), fatal)
+	}
+	log.Info("NATS not reachable yet; retrying in the background", "urls", config.Redacted(c.URLs), "reason", err.Error(), "reconnectWait", c.ReconnectWait.String())
+	nc, err = nats.Connect(c.URLs, append(opts, nats.RetryOnFailedConnect(true))...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS %s: %w", config.Redacted(c.URLs), err)
 	}
-	if !nc.IsConnected() {
-		log.Info("NATS not reachable yet; retrying in the background", "urls", config.Redacted(c.URLs), "reconnectWait", c.ReconnectWait.String())
-	}
 	return nc, nil
+}
+
+// fatalConnectError returns err, explained, if it is one that retrying will
+// not fix: refused credentials or a certificate that does not verify.
+func fatalConnectError(err error) error {
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var verify *tls.CertificateVerificationError
+	switch {
+	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrAuthRevoked):
+		return fmt.Errorf("the server refused the credentials (check nats.auth.*): %w", err)
+	case errors.As(err, &unknownCA), errors.As(err, &hostname), errors.As(err, &invalid), errors.As(err, &verify):
+		return fmt.Errorf("the server's TLS certificate does not verify (check nats.tls.caFile and the URL's host name): %w", err)
+	case strings.Contains(err.Error(), "tls: "), strings.Contains(err.Error(), "secure connection"):
+		return fmt.Errorf("TLS handshake failed (check nats.tls.*): %w", err)
+	}
+	return nil
 }
 
 func secret(value, file, key string) (string, error) {
