@@ -82,6 +82,8 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 		return err
 	}
 
+	restCfg = rest.CopyConfig(restCfg)
+	restCfg.QPS, restCfg.Burst = cfg.KubeAPIQPS, cfg.KubeAPIBurst
 	mgr, err := newManager(cfg, restCfg)
 	if err != nil {
 		return err
@@ -178,6 +180,7 @@ func newManager(cfg *config.Config, restCfg *rest.Config) (manager.Manager, erro
 		}
 	}
 	grace := cfg.ShutdownGrace
+	le := cfg.LeaderElection
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                  Scheme(),
 		Cache:                   cacheOpts,
@@ -189,6 +192,9 @@ func newManager(cfg *config.Config, restCfg *rest.Config) (manager.Manager, erro
 		// Step down at once on SIGTERM so a standby takes over without
 		// waiting for the lease to expire.
 		LeaderElectionReleaseOnCancel: true,
+		LeaseDuration:                 &le.LeaseDuration,
+		RenewDeadline:                 &le.RenewDeadline,
+		RetryPeriod:                   &le.RetryPeriod,
 		GracefulShutdownTimeout:       &grace,
 	})
 	if err != nil {

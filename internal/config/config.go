@@ -28,6 +28,8 @@ type Config struct {
 	Namespaces     []string       `mapstructure:"namespaces"`
 	LabelSelector  string         `mapstructure:"labelSelector"`
 	Workers        int            `mapstructure:"workers"`
+	KubeAPIQPS     float32        `mapstructure:"kubeAPIQPS"`
+	KubeAPIBurst   int            `mapstructure:"kubeAPIBurst"`
 	MetricsAddr    string         `mapstructure:"metricsAddr"`
 	HealthAddr     string         `mapstructure:"healthAddr"`
 	Events         bool           `mapstructure:"kubernetesEvents"`
@@ -59,9 +61,12 @@ type Tail struct {
 
 // LeaderElection configures the lease that keeps one replica active.
 type LeaderElection struct {
-	Enabled   bool   `mapstructure:"enabled"`
-	Namespace string `mapstructure:"namespace"`
-	ID        string `mapstructure:"id"`
+	Enabled       bool          `mapstructure:"enabled"`
+	Namespace     string        `mapstructure:"namespace"`
+	ID            string        `mapstructure:"id"`
+	LeaseDuration time.Duration `mapstructure:"leaseDuration"`
+	RenewDeadline time.Duration `mapstructure:"renewDeadline"`
+	RetryPeriod   time.Duration `mapstructure:"retryPeriod"`
 }
 
 // Retry bounds the exponential backoff of failed publishes.
@@ -137,6 +142,8 @@ var Settings = []Setting{
 	{"namespaces", "namespaces", []string{}, "Namespaces to watch, comma separated. Empty watches all namespaces."},
 	{"labelSelector", "label-selector", "", "Only Students matching this label selector are published."},
 	{"workers", "workers", 4, "Students reconciled concurrently."},
+	{"kubeAPIQPS", "kube-api-qps", "50", "Requests per second the bridge may send to the Kubernetes API (finalizers, status, Events)."},
+	{"kubeAPIBurst", "kube-api-burst", 100, "Burst above kubeAPIQPS."},
 	{"metricsAddr", "metrics-bind-address", ":8080", "Address of the Prometheus /metrics endpoint; \"0\" disables it."},
 	{"healthAddr", "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; \"0\" disables them."},
 	{"kubernetesEvents", "kubernetes-events", true, "Record a Kubernetes Event on the Student for every publish and failure."},
@@ -144,6 +151,9 @@ var Settings = []Setting{
 	{"leaderElection.enabled", "leader-elect", true, "Use a Lease so that only one replica publishes at a time."},
 	{"leaderElection.namespace", "leader-election-namespace", "", "Namespace of the Lease; defaults to the pod's namespace in-cluster, else \"default\"."},
 	{"leaderElection.id", "leader-election-id", "student-bridge.example.k8s.io", "Name of the Lease."},
+	{"leaderElection.leaseDuration", "leader-election-lease-duration", "15s", "How long a standby waits after the leader's last renewal before it takes over."},
+	{"leaderElection.renewDeadline", "leader-election-renew-deadline", "10s", "How long the leader keeps trying to renew before it steps down."},
+	{"leaderElection.retryPeriod", "leader-election-retry-period", "2s", "How often replicas try to acquire or renew the Lease."},
 	{"retry.baseDelay", "retry-base-delay", "500ms", "First delay before a failed publish is retried; it doubles on each failure."},
 	{"retry.maxDelay", "retry-max-delay", "1m", "Longest delay between retries of a failed publish."},
 	{"nats.urls", "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma separated."},
@@ -380,6 +390,14 @@ func (c *Config) Validate() error {
 		return bad("cluster", "%q must be non-empty without '/' or spaces", c.Cluster)
 	case c.Workers < 1:
 		return bad("workers", "%d must be at least 1", c.Workers)
+	case c.KubeAPIQPS <= 0:
+		return bad("kubeAPIQPS", "%v must be positive", c.KubeAPIQPS)
+	case c.KubeAPIBurst < 1:
+		return bad("kubeAPIBurst", "%d must be at least 1", c.KubeAPIBurst)
+	case c.LeaderElection.Enabled && (c.LeaderElection.RetryPeriod <= 0 || c.LeaderElection.RenewDeadline <= c.LeaderElection.RetryPeriod):
+		return bad("leaderElection.renewDeadline", "%s must be longer than leaderElection.retryPeriod (%s), which must be positive", c.LeaderElection.RenewDeadline, c.LeaderElection.RetryPeriod)
+	case c.LeaderElection.Enabled && c.LeaderElection.LeaseDuration <= c.LeaderElection.RenewDeadline:
+		return bad("leaderElection.leaseDuration", "%s must be longer than leaderElection.renewDeadline (%s)", c.LeaderElection.LeaseDuration, c.LeaderElection.RenewDeadline)
 	case c.Retry.BaseDelay <= 0:
 		return bad("retry.baseDelay", "%s must be positive", c.Retry.BaseDelay)
 	case c.Retry.MaxDelay < c.Retry.BaseDelay:

@@ -1,0 +1,342 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stack"
+)
+
+// Each fault test drives creates, updates and deletes, injects the fault,
+// lets the system recover and checks the stream against the API server with
+// world.verify. The counts go to the test log as "fault report".
+
+// burst makes n Students, updates each twice and deletes every third.
+func burst(t *testing.T, w *world, ns, prefix string, n int, during func(i int)) {
+	t.Helper()
+	for i := range n {
+		w.create(t, ns, fmt.Sprintf("%s-%d", prefix, i), "s0")
+		if during != nil {
+			during(i)
+		}
+	}
+	for i := range n {
+		w.update(t, ns, fmt.Sprintf("%s-%d", prefix, i), "s1")
+		w.update(t, ns, fmt.Sprintf("%s-%d", prefix, i), "s2")
+	}
+	for i := 0; i < n; i += 3 {
+		w.delete(t, ns, fmt.Sprintf("%s-%d", prefix, i))
+	}
+}
+
+func TestKillMidBurst(t *testing.T) {
+	w := newWorld(t)
+	p := start(t, t.TempDir(), w.bridgeArgs(w.admin)...)
+	p.waitOutput(t, "Starting workers", 60*time.Second)
+
+	burst(t, w, "default", "kill", 30, func(i int) {
+		if i == 15 {
+			if err := p.stop(t, syscall.SIGKILL); err == nil {
+				t.Fatal("SIGKILL reported a clean exit")
+			}
+		}
+	})
+	faultEnd := time.Now()
+	start(t, t.TempDir(), w.bridgeArgs(w.admin)...)
+	r := w.waitVerified(t, "default", 90*time.Second)
+	r.Recovery = time.Since(faultEnd)
+	t.Logf("fault report: SIGKILL mid-burst: %s", r)
+}
+
+func TestDeletesWhileBridgeDown(t *testing.T) {
+	w := newWorld(t)
+	p := start(t, t.TempDir(), w.bridgeArgs(w.admin)...)
+	for i := range 10 {
+		w.create(t, "default", fmt.Sprintf("down-%d", i), "s0")
+	}
+	w.waitVerified(t, "default", 60*time.Second)
+	if err := p.stop(t, syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM: %v", err)
+	}
+	for i := range 5 {
+		w.delete(t, "default", fmt.Sprintf("down-%d", i))
+	}
+	w.update(t, "default", "down-7", "changed while down")
+	// The finalizer holds the deleted Students while nobody can publish.
+	var s studentv1.Student
+	if err := w.st.Client.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: "down-0"}, &s); err != nil || s.DeletionTimestamp.IsZero() {
+		t.Fatalf("deleted Student not held while the bridge is down: %v %v", err, s.DeletionTimestamp)
+	}
+	faultEnd := time.Now()
+	start(t, t.TempDir(), w.bridgeArgs(w.admin)...)
+	r := w.waitVerified(t, "default", 60*time.Second)
+	r.Recovery = time.Since(faultEnd)
+	t.Logf("fault report: deletes while the bridge is down: %s", r)
+}
+
+func TestNATSOutages(t *testing.T) {
+	w := newWorld(t)
+	// NATS unreachable when the bridge starts.
+	w.st.NATS.Shutdown()
+	p := start(t, t.TempDir(), w.bridgeArgs(w.admin)...)
+	p.waitOutput(t, "NATS not reachable yet", 30*time.Second)
+	for i := range 5 {
+		w.create(t, "default", fmt.Sprintf("early-%d", i), "s0")
+	}
+	if err := w.st.NATS.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	r := w.waitVerified(t, "default", 60*time.Second)
+	t.Logf("fault report: NATS unreachable at startup: %s", r)
+
+	// NATS stopped mid-stream and restarted with the same store.
+	var once sync.Once
+	restarted := make(chan error, 1)
+	burst(t, w, "default", "mid", 20, func(i int) {
+		if i == 5 {
+			w.st.NATS.Shutdown()
+		}
+		if i == 15 {
+			once.Do(func() { restarted <- w.st.NATS.Restart() })
+		}
+	})
+	if err := <-restarted; err != nil {
+		t.Fatal(err)
+	}
+	faultEnd := time.Now()
+	r = w.waitVerified(t, "default", 90*time.Second)
+	r.Recovery = time.Since(faultEnd)
+	t.Logf("fault report: NATS stopped mid-stream: %s", r)
+	if !strings.Contains(p.output(), "disconnected from NATS") || !strings.Contains(p.output(), "reconnected to NATS") {
+		t.Errorf("the outage is not in the bridge's log")
+	}
+}
+
+func TestLeaderFailover(t *testing.T) {
+	w := newWorld(t)
+	args := w.bridgeArgs(w.admin, "--leader-elect=true", "--leader-election-namespace=default",
+		"--leader-election-lease-duration=6s", "--leader-election-renew-deadline=4s", "--leader-election-retry-period=1s")
+	a := start(t, t.TempDir(), args...)
+	a.waitOutput(t, "Successfully acquired lease", 60*time.Second)
+	b := start(t, t.TempDir(), args...)
+	b.waitOutput(t, "Attempting to acquire leader lease", 60*time.Second)
+	for i := range 10 {
+		w.create(t, "default", fmt.Sprintf("lead-%d", i), "s0")
+	}
+	w.waitVerified(t, "default", 60*time.Second)
+	if strings.Contains(b.output(), "Successfully acquired lease") {
+		t.Fatal("both replicas lead")
+	}
+
+	if err := a.stop(t, syscall.SIGKILL); err == nil {
+		t.Fatal("SIGKILL reported a clean exit")
+	}
+	killed := time.Now()
+	burst(t, w, "default", "gap", 10, nil)
+	b.waitOutput(t, "Successfully acquired lease", 60*time.Second)
+	takeover := time.Since(killed)
+	r := w.waitVerified(t, "default", 60*time.Second)
+	r.Recovery = time.Since(killed)
+	t.Logf("fault report: leader SIGKILLed: takeover after %s (lease 6s, retry 1s), %s", takeover.Round(100*time.Millisecond), r)
+}
+
+func TestStreamFull(t *testing.T) {
+	w := newWorld(t)
+	start(t, t.TempDir(), w.bridgeArgs(w.admin, "--stream-max-msgs=5", "--stream-discard=new")...)
+	ctx := context.Background()
+	for i := range 8 {
+		w.create(t, "default", fmt.Sprintf("full-%d", i), "s0")
+	}
+	var failed []string
+	if err := stack.Eventually(60*time.Second, func() error {
+		var list studentv1.StudentList
+		if err := w.st.Client.List(ctx, &list, client.InNamespace("default")); err != nil {
+			return err
+		}
+		failed = nil
+		published := 0
+		for _, s := range list.Items {
+			c := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionPublished)
+			switch {
+			case c != nil && c.Status == metav1.ConditionTrue:
+				published++
+			case c != nil && c.Status == metav1.ConditionFalse && c.Reason == studentv1.ReasonPublishFailed && strings.Contains(c.Message, "maximum messages"):
+				failed = append(failed, s.Name)
+			}
+		}
+		if published != 5 || len(failed) != 3 {
+			return fmt.Errorf("published %d, failed %v", published, failed)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := stack.Eventually(30*time.Second, func() error {
+		var evs eventsv1.EventList
+		if err := w.st.Client.List(ctx, &evs, client.InNamespace("default")); err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Type == corev1.EventTypeWarning && e.Reason == studentv1.ReasonPublishFailed && strings.Contains(e.Note, "maximum messages") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no Warning event about the full stream")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// A delete while the stream is full is held by the finalizer.
+	w.delete(t, "default", "full-0")
+	time.Sleep(2 * time.Second) // several retries at the configured backoff
+	var s studentv1.Student
+	if err := w.st.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "full-0"}, &s); apierrors.IsNotFound(err) {
+		t.Fatal("a delete went through while its event could not be stored")
+	}
+
+	// Space: purge the stream. Everything flows.
+	js, _ := jetstream.New(w.nc)
+	str, err := js.Stream(ctx, w.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := str.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	freed := time.Now()
+	if err := stack.Eventually(60*time.Second, func() error {
+		events, err := stack.StreamEvents(ctx, w.nc, w.stream)
+		if err != nil {
+			return err
+		}
+		names := map[string]bool{}
+		for _, e := range events {
+			names[e.Data.Metadata.Name+" "+e.Event.Type()] = true
+		}
+		for _, n := range failed {
+			if !names[n+" "+studentv1.EventTypeCreated] {
+				return fmt.Errorf("%s not published after the purge: %v", n, names)
+			}
+		}
+		if !names["full-0 "+studentv1.EventTypeDeleted] {
+			return fmt.Errorf("held delete not published: %v", names)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("fault report: stream full (max 5, discard new): 3 refused, 1 delete held; all published %s after space was made", time.Since(freed).Round(10*time.Millisecond))
+}
+
+// TestCrashBetweenAckAndStatus: a bridge that cannot write status (its role
+// lacks students/status) publishes and dies before recording it; the next
+// bridge republishes with the same id and the stream drops the copy.
+func TestCrashBetweenAckAndStatus(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	must(t, w.st.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "student-bridge-system"}}))
+	noStatus := w.bridgeUser(t, "bridge-no-status", "student-bridge-system", "students/status")
+	p := start(t, t.TempDir(), w.bridgeArgs(noStatus)...)
+	w.create(t, "default", "object-name", "china")
+	p.waitOutput(t, "write status", 60*time.Second)
+	events, err := stack.StreamEvents(ctx, w.nc, w.stream)
+	if err != nil || len(events) != 1 {
+		t.Fatalf("before the crash the stream holds %d events (%v)", len(events), err)
+	}
+	if err := p.stop(t, syscall.SIGKILL); err == nil {
+		t.Fatal("SIGKILL reported a clean exit")
+	}
+
+	full := w.bridgeUser(t, "bridge-full", "student-bridge-system")
+	start(t, t.TempDir(), w.bridgeArgs(full)...)
+	var s studentv1.Student
+	if err := stack.Eventually(60*time.Second, func() error {
+		if err := w.st.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "object-name"}, &s); err != nil {
+			return err
+		}
+		if s.Status.LastPublished == nil {
+			return fmt.Errorf("status not written yet")
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	after, err := stack.StreamEvents(ctx, w.nc, w.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != 1 {
+		t.Errorf("stream holds %d events after the republish, want 1", len(after))
+	}
+	if s.Status.LastPublished.ID != events[0].Event.ID() || s.Status.LastPublished.Sequence != 1 {
+		t.Errorf("status records %s #%d, want the original %s #1", s.Status.LastPublished.ID, s.Status.LastPublished.Sequence, events[0].Event.ID())
+	}
+	t.Logf("fault report: crash between ack and status write: republished id %s dropped by the stream (events in stream: %d)", events[0].Event.ID(), len(after))
+}
+
+// TestSlowConsumerDoesNotBlock: a consumer that never acknowledges and a
+// subscriber stuck in its handler do not hold the bridge back.
+func TestSlowConsumerDoesNotBlock(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	start(t, t.TempDir(), w.bridgeArgs(w.admin)...)
+	w.create(t, "default", "first", "s0")
+	w.waitVerified(t, "default", 60*time.Second)
+
+	js, _ := jetstream.New(w.nc)
+	if _, err := js.CreateConsumer(ctx, w.stream, jetstream.ConsumerConfig{Durable: "absent", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: 1}); err != nil {
+		t.Fatal(err)
+	}
+	stuck := make(chan struct{})
+	defer close(stuck)
+	if _, err := w.nc.Subscribe("student.*", func(_ *natsMsg) { <-stuck }); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		w.create(t, "default", fmt.Sprintf("slow-%d", i), "s0")
+	}
+	r := w.waitVerified(t, "default", 60*time.Second)
+	t.Logf("fault report: absent and stuck consumers: %s", r)
+}
+
+// TestMinimalRBAC: the bridge works as a user bound only to the generated
+// roles, and that user can neither create Students nor read Secrets.
+func TestMinimalRBAC(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	must(t, w.st.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "student-bridge-system"}}))
+	kc := w.bridgeUser(t, "student-bridge", "student-bridge-system")
+	p := start(t, t.TempDir(), w.bridgeArgs(kc, "--leader-elect=true", "--leader-election-namespace=student-bridge-system")...)
+	p.waitOutput(t, "Successfully acquired lease", 60*time.Second)
+	burst(t, w, "default", "rbac", 6, nil)
+	r := w.waitVerified(t, "default", 60*time.Second)
+	t.Logf("least-privilege bridge: %s", r)
+	if strings.Contains(p.output(), "forbidden") {
+		t.Errorf("the bridge was refused something it needs:\n%s", p.output())
+	}
+
+	c := userClient(t, w, "student-bridge")
+	err := c.Create(ctx, &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "intruder"}, Spec: studentv1.StudentSpec{Name: "x", School: "y"}})
+	if !apierrors.IsForbidden(err) {
+		t.Errorf("the bridge's user could create a Student: %v", err)
+	}
+	if err := c.List(ctx, &corev1.SecretList{}); !apierrors.IsForbidden(err) {
+		t.Errorf("the bridge's user could list Secrets: %v", err)
+	}
+	if err := c.Delete(ctx, &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "rbac-1"}}); !apierrors.IsForbidden(err) {
+		t.Errorf("the bridge's user could delete a Student: %v", err)
+	}
+}
