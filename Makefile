@@ -90,9 +90,11 @@ deploy: $(KUBECTL) ## Apply deploy/$(OVERLAY) (default, bridge-only or dev) with
 undeploy: $(KUBECTL) ## Delete what deploy applied (Students and their stream data included).
 	$(KUBECTL) kustomize deploy/$(OVERLAY) | $(KUBECTL) delete --ignore-not-found -f -
 
+BENCH_FLAGS ?=
+
 .PHONY: bench
-bench: $(TEST_DEPS) ## Run the benchmarks.
-	$(GO) test -run '^$$' -bench . -benchmem ./...
+bench: $(TEST_DEPS) ## Run the end-to-end benchmark (about 20 minutes); results in bench-results/results.md.
+	$(GO) run ./test/bench $(BENCH_FLAGS)
 
 ##@ Tools (built from the Go module proxy into bin/, once)
 

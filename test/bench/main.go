@@ -1,0 +1,304 @@
+// Command bench measures student-bridge end to end on the local stack (real
+// kube-apiserver + etcd, embedded JetStream with file storage), side by side
+// with what the machine can do, in one run: the NATS ceiling, the watch
+// floor, a raw informer-to-JetStream reference, and the bridge with and
+// without Kubernetes Events. It prints a markdown table and writes it to a
+// results file. `make bench` runs it; its smoke mode runs in `make test`.
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stack"
+)
+
+type options struct {
+	rates    []int
+	duration time.Duration
+	reps     int
+	students []int // Student counts of the memory and restart phase
+	out      string
+	only     string
+}
+
+func main() {
+	var o options
+	var rates, students string
+	flag.StringVar(&rates, "rates", "50,200,500,1000", "Change rates (changes/s) to run, comma separated.")
+	flag.DurationVar(&o.duration, "duration", 10*time.Second, "How long the generator runs per variant and rate.")
+	flag.IntVar(&o.reps, "reps", 3, "Repetitions of every (variant, rate); the table shows the median and the min-max.")
+	flag.StringVar(&students, "students", "1000,10000", "Student counts for the memory and restart measurements; empty skips them.")
+	flag.StringVar(&o.out, "out", "bench-results/results.md", "Results file (markdown).")
+	flag.StringVar(&o.only, "only", "", "Run only variants whose name contains this.")
+	flag.Parse()
+	o.rates = ints(rates)
+	o.students = ints(students)
+	ctrl.SetLogger(zap.New(zap.WriteTo(io.Discard)))
+	if err := bench(context.Background(), o, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func ints(s string) []int {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		if n, err := strconv.Atoi(strings.TrimSpace(f)); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func bench(ctx context.Context, o options, stdout io.Writer) error {
+	st, err := stack.Start(stack.Options{})
+	if err != nil {
+		return err
+	}
+	defer st.Stop()
+	nc, err := nats.Connect(st.NATS.URL())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		return err
+	}
+	e := &env{st: st, nc: nc, js: js}
+	benchDuration = o.duration
+
+	type key struct {
+		variant string
+		rate    int
+	}
+	type task struct {
+		v    variant
+		rate int
+		rep  int
+	}
+	var tasks []task
+	for rep := range o.reps {
+		for _, v := range variants {
+			if o.only != "" && !strings.Contains(v.name, o.only) {
+				continue
+			}
+			for _, rate := range o.rates {
+				tasks = append(tasks, task{v, rate, rep})
+			}
+		}
+	}
+	rand.Shuffle(len(tasks), func(i, j int) { tasks[i], tasks[j] = tasks[j], tasks[i] })
+	results := map[key][]result{}
+	for i, t := range tasks {
+		r, err := runOne(ctx, e, t.v, t.rate, fmt.Sprintf("r%d", i))
+		if err != nil {
+			return fmt.Errorf("%s at %d/s: %w", t.v.name, t.rate, err)
+		}
+		fmt.Fprintf(os.Stderr, "[%d/%d] %-32s %5d/s p99 %-8s covered %d/%d lost %d\n", i+1, len(tasks), t.v.name, t.rate, r.p99.Round(time.Millisecond), r.covered, r.made, r.lostFinal)
+		results[key{t.v.name, t.rate}] = append(results[key{t.v.name, t.rate}], r)
+	}
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "## student-bridge benchmark\n\n%s, %d CPUs, %s; %d reps of %s per cell, randomized order; median (min-max).\n\n",
+		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), o.reps, o.duration)
+	b.WriteString("| variant | rate/s | p50 ms | p99 ms | p99.9 ms | coverage | lost final | dup | API writes/change | CPU s/1k changes | kept up |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	sustained := map[string]int{}
+	for _, v := range variants {
+		for _, rate := range o.rates {
+			rs := results[key{v.name, rate}]
+			if len(rs) == 0 {
+				continue
+			}
+			p99s := durations(rs, func(r result) time.Duration { return r.p99 })
+			lost, behind, dup, made, covered := 0, false, 0, 0, 0
+			var writes int64
+			var cpu float64
+			for _, r := range rs {
+				lost += r.lostFinal
+				behind = behind || r.behind
+				dup += r.duplicates
+				made += r.made
+				covered += r.covered
+				writes += r.apiWrites
+				cpu += r.cpuSeconds
+			}
+			wpc := "-"
+			if writes > 0 {
+				wpc = fmt.Sprintf("%.2f", float64(writes)/float64(made))
+			}
+			kept := !behind && lost == 0 && median(p99s) < time.Second
+			if kept && rate > sustained[v.name] {
+				sustained[v.name] = rate
+			}
+			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d/%d | %d | %d | %s | %.2f | %v |\n", v.name, rate,
+				spread(durations(rs, func(r result) time.Duration { return r.p50 })), spread(p99s),
+				spread(durations(rs, func(r result) time.Duration { return r.p999 })),
+				covered, made, lost, dup, wpc, cpu/float64(made)*1000, kept)
+		}
+	}
+	b.WriteString("\nHighest sustained rate (p99 < 1 s, no lost final state, generator kept its schedule):\n\n")
+	for _, v := range variants {
+		if _, ok := results[key{v.name, o.rates[0]}]; ok {
+			fmt.Fprintf(&b, "- %s: %d changes/s\n", v.name, sustained[v.name])
+		}
+	}
+	if len(o.students) > 0 {
+		mem, err := memoryAndRestart(ctx, e, o.students)
+		if err != nil {
+			return fmt.Errorf("memory and restart: %w", err)
+		}
+		b.WriteString("\n" + mem)
+	}
+	fmt.Fprint(stdout, b.String())
+	if o.out != "" {
+		if err := os.MkdirAll(filepath.Dir(o.out), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(o.out, []byte(b.String()), 0o644)
+	}
+	return nil
+}
+
+func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result, error) {
+	r := &run{id: id, ns: "bench-" + id, prefix: "bench" + id, stream: "BENCH" + strings.ToUpper(id), tr: newTracker()}
+	if v.k8s {
+		if err := newNamespace(ctx, e, r.ns); err != nil {
+			return result{}, err
+		}
+	}
+	stop, err := v.start(ctx, e, r)
+	if err != nil {
+		return result{}, err
+	}
+	if v.k8s {
+		if err := warmup(ctx, e, r); err != nil {
+			stop()
+			return result{}, err
+		}
+	}
+	cpu0 := cpuSeconds()
+	var behind bool
+	if v.k8s {
+		behind = generate(ctx, e.st.Client, r.ns, rate, durationFor(rate), r.tr, uint64(time.Now().UnixNano()))
+	} else {
+		behind = publishCeiling(ctx, e, r, rate, durationFor(rate))
+	}
+	settle(r.tr)
+	cpu := cpuSeconds() - cpu0
+	stop()
+	res := r.tr.result(v.name, rate)
+	res.behind = behind
+	res.apiWrites = r.apiWrites.Load()
+	res.cpuSeconds = cpu
+	_ = e.js.DeleteStream(ctx, r.stream)
+	return res, nil
+}
+
+var benchDuration = 10 * time.Second
+
+func durationFor(int) time.Duration { return benchDuration }
+
+// warmup creates one Student and waits until the variant delivered it, so
+// that start-up (cache sync, stream creation) is not measured as latency.
+func warmup(ctx context.Context, e *env, r *run) error {
+	name := "warmup-" + r.id
+	s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: name}, Spec: studentv1.StudentSpec{Name: name, School: "s"}}
+	if err := e.st.Client.Create(ctx, s); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !r.tr.seen(name) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("warm-up Student not delivered within 60s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
+
+// settle waits until no event arrived for 2s (at most 60s).
+func settle(tr *tracker) {
+	deadline := time.Now().Add(60 * time.Second)
+	last, quiet := -1, time.Now()
+	for time.Now().Before(deadline) {
+		tr.mu.Lock()
+		n := tr.events
+		tr.mu.Unlock()
+		if n != last {
+			last, quiet = n, time.Now()
+		} else if time.Since(quiet) > 2*time.Second {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func durations(rs []result, f func(result) time.Duration) []time.Duration {
+	var out []time.Duration
+	for _, r := range rs {
+		out = append(out, f(r))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+func median(d []time.Duration) time.Duration { return d[len(d)/2] }
+
+func spread(d []time.Duration) string {
+	ms := func(x time.Duration) string { return strconv.FormatFloat(float64(x.Microseconds())/1000, 'f', 1, 64) }
+	if len(d) == 1 {
+		return ms(d[0])
+	}
+	return fmt.Sprintf("%s (%s-%s)", ms(median(d)), ms(d[0]), ms(d[len(d)-1]))
+}
+
+// cpuSeconds is this process's user+system CPU time.
+func cpuSeconds() float64 {
+	b, err := os.ReadFile("/proc/self/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100 // USER_HZ
+}
+
+// procStatus reads a field (kB) of /proc/<pid>/status.
+func procStatus(pid int, field string) int64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), field+":") {
+			n, _ := strconv.ParseInt(strings.Fields(sc.Text())[1], 10, 64)
+			return n
+		}
+	}
+	return 0
+}

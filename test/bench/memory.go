@@ -1,0 +1,238 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stack"
+)
+
+// memoryAndRestart runs the real binary as its own process, so its RSS and
+// Go heap are its own: at rest, with each count of published Students, and
+// the time a restart takes to be ready with them, and what it republished.
+func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error) {
+	dir, err := os.MkdirTemp("", "student-bridge-bench-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "student-bridge")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/student-bridge")
+	build.Dir = stack.RepoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build: %v\n%s", err, out)
+	}
+	user, err := e.st.Env.AddUser(envtest.User{Name: "bench", Groups: []string{"system:masters"}}, nil)
+	if err != nil {
+		return "", err
+	}
+	kc, err := user.KubeConfig()
+	if err != nil {
+		return "", err
+	}
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
+		return "", err
+	}
+	const ns, stream = "bench-memory", "BENCHMEM"
+	if err := newNamespace(ctx, e, ns); err != nil {
+		return "", err
+	}
+	metricsAddr, healthAddr := freeAddr(), freeAddr()
+	args := []string{"--kubeconfig", kubeconfig, "--nats-url", e.st.NATS.URL(), "--leader-elect=false",
+		"--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr,
+		"--namespaces", ns, "--stream-name", stream, "--subject-prefix", "benchmem", "--snapshot-request-subject", ""}
+	startProc := func() (*exec.Cmd, time.Time, error) {
+		cmd := exec.Command(bin, args...)
+		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+		t0 := time.Now()
+		if err := cmd.Start(); err != nil {
+			return nil, t0, err
+		}
+		return cmd, t0, waitHTTP("http://"+healthAddr+"/readyz", 60*time.Second)
+	}
+	cmd, _, err := startProc()
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	time.Sleep(2 * time.Second)
+
+	var b strings.Builder
+	b.WriteString("Memory of the bridge process (RSS and Go heap in use, from its own /metrics):\n\n| Students | RSS MB | heap MB |\n| --- | --- | --- |\n")
+	rss0, heap0 := procStatus(cmd.Process.Pid, "VmRSS"), metric("http://"+metricsAddr+"/metrics", "go_memstats_heap_inuse_bytes")
+	fmt.Fprintf(&b, "| 0 | %.1f | %.1f |\n", float64(rss0)/1024, heap0/1e6)
+	created := 0
+	rss := map[int]int64{}
+	for _, n := range counts {
+		if err := createStudents(ctx, e, ns, created, n); err != nil {
+			return "", err
+		}
+		created = n
+		if err := waitStreamMsgs(ctx, e, stream, uint64(n), 10*time.Minute); err != nil {
+			return "", err
+		}
+		time.Sleep(3 * time.Second) // status writes and Events after the last publish
+		rss[n] = procStatus(cmd.Process.Pid, "VmRSS")
+		fmt.Fprintf(&b, "| %d | %.1f | %.1f |\n", n, float64(rss[n])/1024, metric("http://"+metricsAddr+"/metrics", "go_memstats_heap_inuse_bytes")/1e6)
+	}
+	lo, hi := counts[0], counts[len(counts)-1]
+	if hi > lo {
+		fmt.Fprintf(&b, "\nRSS slope between %d and %d Students: %.2f KB per Student.\n", lo, hi, float64(rss[hi]-rss[lo])/float64(hi-lo))
+	}
+
+	// Restart with every Student already published.
+	before := streamMsgs(ctx, e, stream)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	_ = cmd.Wait()
+	cmd, t0, err := startProc()
+	if err != nil {
+		return "", err
+	}
+	readyAt := time.Since(t0)
+	deadline := time.Now().Add(5 * time.Minute)
+	for metric("http://"+metricsAddr+"/metrics", `controller_runtime_reconcile_total{controller="student-bridge",result="success"}`) < float64(hi) {
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("restart: %d Students not reconciled within 5 minutes", hi)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	reconciled := time.Since(t0)
+	time.Sleep(3 * time.Second)
+	republished := streamMsgs(ctx, e, stream) - before
+
+	// The raw reference: how long an informer takes to sync the same Students.
+	t1 := time.Now()
+	c, err := cache.New(e.st.RestConfig, cache.Options{Scheme: e.st.Client.Scheme(), DefaultNamespaces: map[string]cache.Config{ns: {}}})
+	if err != nil {
+		return "", err
+	}
+	ictx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if _, err := c.GetInformer(ictx, &studentv1.Student{}); err != nil {
+		return "", err
+	}
+	go func() { _ = c.Start(ictx) }()
+	c.WaitForCacheSync(ictx)
+	informerSync := time.Since(t1)
+
+	fmt.Fprintf(&b, "\nRestart with %d published Students: ready (/readyz) after %s, every Student reconciled after %s; raw informer sync of the same Students %s; events republished: %d.\n",
+		hi, readyAt.Round(10*time.Millisecond), reconciled.Round(10*time.Millisecond), informerSync.Round(10*time.Millisecond), republished)
+	return b.String(), nil
+}
+
+func createStudents(ctx context.Context, e *env, ns string, from, to int) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	next := make(chan int)
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("m-%d", i)},
+					Spec: studentv1.StudentSpec{Name: fmt.Sprintf("student %d", i), School: "school"}}
+				if err := e.st.Client.Create(ctx, s); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	for i := from; i < to; i++ {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+		return nil
+	}
+}
+
+func streamMsgs(ctx context.Context, e *env, stream string) uint64 {
+	s, err := e.js.Stream(ctx, stream)
+	if err != nil {
+		return 0
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0
+	}
+	return info.State.Msgs
+}
+
+func waitStreamMsgs(ctx context.Context, e *env, stream string, n uint64, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for streamMsgs(ctx, e, stream) < n {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("stream %s: %d of %d events after %s", stream, streamMsgs(ctx, e, stream), n, timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil
+}
+
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func waitHTTP(url string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not OK after %s", url, timeout)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// metric returns the value of the first sample whose line starts with name
+// (a metric name, optionally with labels).
+func metric(url, name string) float64 {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, name+" ") {
+			v, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, name)), 64)
+			return v
+		}
+	}
+	return 0
+}

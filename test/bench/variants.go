@@ -1,0 +1,273 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/bridge"
+	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/reconciler"
+	natssink "github.com/student-bridge/student-bridge/sink/nats"
+)
+
+// A variant is started before the generator runs and stopped after the
+// events settled. Every receipt goes to the tracker.
+type variant struct {
+	name string
+	// k8s is false for the NATS ceiling, which needs no API server.
+	k8s   bool
+	start func(ctx context.Context, e *env, run *run) (stop func(), err error)
+}
+
+type env struct {
+	st *stack.Stack
+	nc *nats.Conn
+	js jetstream.JetStream
+}
+
+// run is one (variant, rate, repetition).
+type run struct {
+	id        string
+	ns        string
+	prefix    string
+	stream    string
+	tr        *tracker
+	apiWrites atomic.Int64
+}
+
+var variants = []variant{
+	{name: "nats-ceiling", k8s: false, start: startNATSCeiling},
+	{name: "watch-floor", k8s: true, start: startWatchFloor},
+	{name: "raw-informer", k8s: true, start: startRawInformer},
+	{name: "student-bridge", k8s: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startBridge(ctx, e, r, true) }},
+	{name: "student-bridge (no k8s Events)", k8s: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startBridge(ctx, e, r, false) }},
+}
+
+// subscribe delivers every event of the run's stream to the tracker.
+func subscribe(ctx context.Context, e *env, r *run) (func(), error) {
+	cons, err := e.js.OrderedConsumer(ctx, r.stream, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
+	if err != nil {
+		return nil, err
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		at := time.Now()
+		ev, err := natssink.DecodeMsg(ctx, &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
+		if err != nil {
+			return
+		}
+		var d studentv1.StudentEventData
+		if json.Unmarshal(ev.Data(), &d) != nil {
+			return
+		}
+		r.tr.receive(receipt{name: d.Metadata.Name, op: opOf(ev.Type()), gen: d.Metadata.Generation, id: ev.ID(), at: at})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return cc.Stop, nil
+}
+
+func ensureStream(ctx context.Context, e *env, r *run) error {
+	_, err := natssink.EnsureStream(ctx, e.js, natssink.StreamConfig{Name: r.stream, Subject: r.prefix + ".>", Storage: "file", Replicas: 1, Duplicates: 2 * time.Minute}, true)
+	return err
+}
+
+// startNATSCeiling: the generator's "changes" are async JetStream publishes
+// of event-sized messages with Nats-Msg-Id; see publishCeiling.
+func startNATSCeiling(ctx context.Context, e *env, r *run) (func(), error) {
+	if err := ensureStream(ctx, e, r); err != nil {
+		return nil, err
+	}
+	return subscribe(ctx, e, r)
+}
+
+// startWatchFloor: a bare watch that timestamps Student events.
+func startWatchFloor(ctx context.Context, e *env, r *run) (func(), error) {
+	wc, err := client.NewWithWatch(e.st.RestConfig, client.Options{Scheme: e.st.Client.Scheme()})
+	if err != nil {
+		return nil, err
+	}
+	w, err := wc.Watch(ctx, &studentv1.StudentList{}, client.InNamespace(r.ns))
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		for ev := range w.ResultChan() {
+			s, ok := ev.Object.(*studentv1.Student)
+			if !ok {
+				continue
+			}
+			op := map[watch.EventType]string{watch.Added: "created", watch.Modified: "updated", watch.Deleted: "deleted"}[ev.Type]
+			r.tr.receive(receipt{name: s.Name, op: op, gen: s.Generation, at: time.Now()})
+		}
+	}()
+	return w.Stop, nil
+}
+
+// startRawInformer: the practical limit of this job: an informer whose
+// handlers build the CloudEvent and publish it to JetStream, without API
+// writes or Kubernetes Events.
+func startRawInformer(ctx context.Context, e *env, r *run) (func(), error) {
+	if err := ensureStream(ctx, e, r); err != nil {
+		return nil, err
+	}
+	layout, _ := natssink.NewSubjectLayout(r.prefix, natssink.DefaultSubjectLayout)
+	ctx, cancel := context.WithCancel(ctx)
+	c, err := cache.New(e.st.RestConfig, cache.Options{Scheme: e.st.Client.Scheme(), DefaultNamespaces: map[string]cache.Config{r.ns: {}},
+		DefaultTransform: cache.TransformStripManagedFields()})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	inf, err := c.GetInformer(ctx, &studentv1.Student{})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	publish := func(typ string, s *studentv1.Student) {
+		ev, err := reconciler.NewEvent("bench", typ, reconciler.EventID(typ, s, s.ResourceVersion), s, nil, time.Now())
+		if err != nil {
+			return
+		}
+		msg, err := natssink.EncodeMsg(ctx, ev, layout.Subject(ev), natssink.Structured)
+		if err != nil {
+			return
+		}
+		_, _ = e.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.ID()))
+	}
+	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: func(o any) { publish(studentv1.EventTypeCreated, o.(*studentv1.Student)) },
+		UpdateFunc: func(old, o any) {
+			if old.(*studentv1.Student).Generation != o.(*studentv1.Student).Generation {
+				publish(studentv1.EventTypeUpdated, o.(*studentv1.Student))
+			}
+		},
+		DeleteFunc: func(o any) {
+			if d, ok := o.(toolscache.DeletedFinalStateUnknown); ok {
+				o = d.Obj
+			}
+			if s, ok := o.(*studentv1.Student); ok {
+				publish(studentv1.EventTypeDeleted, s)
+			}
+		},
+	})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	go func() { _ = c.Start(ctx) }()
+	c.WaitForCacheSync(ctx)
+	stopSub, err := subscribe(ctx, e, r)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return func() { stopSub(); cancel() }, nil
+}
+
+// startBridge runs the real bridge in this process, counting its API writes.
+func startBridge(ctx context.Context, e *env, r *run, kubeEvents bool) (func(), error) {
+	cfg, err := config.New(nil).Load("")
+	if err != nil {
+		return nil, err
+	}
+	cfg.Cluster = "bench"
+	cfg.Namespaces = []string{r.ns}
+	cfg.NATS.URLs = e.st.NATS.URL()
+	cfg.NATS.SubjectPrefix = r.prefix
+	cfg.NATS.Stream.Name = r.stream
+	cfg.LeaderElection.Enabled = false
+	cfg.MetricsAddr, cfg.HealthAddr = "0", "0"
+	cfg.Events = kubeEvents
+	cfg.Snapshot.RequestSubject = ""
+	restCfg := rest.CopyConfig(e.st.RestConfig)
+	restCfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if req.Method != http.MethodGet {
+				r.apiWrites.Add(1)
+			}
+			return rt.RoundTrip(req)
+		})
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- bridge.Run(ctx, cfg, restCfg) }()
+	// The stream exists once the bridge is ready for its first publish.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := e.js.Stream(ctx, r.stream); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			return nil, fmt.Errorf("bridge did not create stream %s", r.stream)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stopSub, err := subscribe(ctx, e, r)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return func() {
+		stopSub()
+		cancel()
+		<-done
+	}, nil
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// publishCeiling is the NATS ceiling's generator: async JetStream publishes
+// of messages the size of a bridge event, open loop at rate.
+func publishCeiling(ctx context.Context, e *env, r *run, rate int, d time.Duration) bool {
+	layout, _ := natssink.NewSubjectLayout(r.prefix, natssink.DefaultSubjectLayout)
+	total := int(float64(rate) * d.Seconds())
+	start := time.Now()
+	behind := false
+	for i := range total {
+		at := start.Add(time.Duration(float64(i) / float64(rate) * float64(time.Second)))
+		if w := time.Until(at); w > 0 {
+			time.Sleep(w)
+		} else if -w > 500*time.Millisecond {
+			behind = true
+		}
+		name := fmt.Sprintf("c-%s-%d", r.id, i)
+		s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: name, UID: "u", Generation: 1, ResourceVersion: "1"},
+			Spec: studentv1.StudentSpec{Name: name, School: "s1"}}
+		ev, _ := reconciler.NewEvent("bench", studentv1.EventTypeCreated, reconciler.EventID(studentv1.EventTypeCreated, s, name), s, nil, at)
+		msg, _ := natssink.EncodeMsg(ctx, ev, layout.Subject(ev), natssink.Structured)
+		ch := &change{name: name, op: "created", gen: 1, scheduled: at}
+		_, ch.err = e.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.ID()))
+		ch.doneAt = time.Now()
+		r.tr.add(ch)
+	}
+	select {
+	case <-e.js.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+	}
+	return behind
+}
+
+func newNamespace(ctx context.Context, e *env, name string) error {
+	return e.st.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: strings.ToLower(name)}})
+}
