@@ -39,6 +39,9 @@ const ControllerName = "student-bridge"
 type StudentReconciler struct {
 	// Client reads Students from the cache and writes finalizers and status.
 	Client client.Client
+	// APIReader reads Students from the API server when the cache is behind
+	// (a conflict on a finalizer write); Client when nil.
+	APIReader client.Reader
 	// Sink receives the CloudEvents.
 	Sink sink.Sink
 	// Recorder records Kubernetes Events on Students.
@@ -87,10 +90,11 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 
 	if !controllerutil.ContainsFinalizer(&stu, studentv1.Finalizer) {
-		orig := stu.DeepCopy()
-		controllerutil.AddFinalizer(&stu, studentv1.Finalizer)
-		if err := r.Client.Patch(ctx, &stu, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+		if err := r.patchFinalizers(ctx, &stu, func(s *studentv1.Student) bool { return controllerutil.AddFinalizer(s, studentv1.Finalizer) }); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
+		}
+		if !stu.DeletionTimestamp.IsZero() {
+			return ctrl.Result{}, r.reconcileDelete(ctx, &stu)
 		}
 	}
 	return ctrl.Result{}, r.reconcileNormal(ctx, &stu)
@@ -137,13 +141,39 @@ func (r *StudentReconciler) reconcileDelete(ctx context.Context, stu *studentv1.
 		}
 	}
 
-	orig := stu.DeepCopy()
-	controllerutil.RemoveFinalizer(stu, studentv1.Finalizer)
-	if err := r.Client.Patch(ctx, stu, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil && !apierrors.IsNotFound(err) {
+	err := r.patchFinalizers(ctx, stu, func(s *studentv1.Student) bool { return controllerutil.RemoveFinalizer(s, studentv1.Finalizer) })
+	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove finalizer: %w", err)
 	}
 	r.published.Delete(client.ObjectKeyFromObject(stu))
 	return nil
+}
+
+// patchFinalizers applies change to stu's finalizers with a merge patch that
+// is conditional on stu's resourceVersion, so it never drops a finalizer
+// someone else added. When the cache was behind (a conflict), it reads the
+// Student from the API server and tries again at once rather than waiting
+// for the backoff: under a stream of user edits the cache is often behind.
+func (r *StudentReconciler) patchFinalizers(ctx context.Context, stu *studentv1.Student, change func(*studentv1.Student) bool) error {
+	reader := r.APIReader
+	if reader == nil {
+		reader = r.Client
+	}
+	var err error
+	for range 5 {
+		orig := stu.DeepCopy()
+		if !change(stu) {
+			return nil
+		}
+		err = r.Client.Patch(ctx, stu, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+		if err := reader.Get(ctx, client.ObjectKeyFromObject(stu), stu); err != nil {
+			return err
+		}
+	}
+	return err
 }
 
 // publish sends the event of type typ for stu and, once the broker

@@ -118,11 +118,12 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 		recorder = mgr.GetEventRecorder(reconciler.ControllerName)
 	}
 	r := &reconciler.StudentReconciler{
-		Client:   mgr.GetClient(),
-		Sink:     pub,
-		Recorder: recorder,
-		Cluster:  cfg.Cluster,
-		Timeout:  cfg.NATS.AckTimeout + 30*time.Second,
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Sink:      pub,
+		Recorder:  recorder,
+		Cluster:   cfg.Cluster,
+		Timeout:   cfg.NATS.AckTimeout + 30*time.Second,
 	}
 	skip := true
 	if err := r.SetupWithManager(mgr, controller.Options{

@@ -141,7 +141,7 @@ var Settings = []Setting{
 	{"cluster", "cluster", "default", "Cluster name used in the CloudEvent source (/clusters/<cluster>/apis/example.k8s.io/v1/students)."},
 	{"namespaces", "namespaces", []string{}, "Namespaces to watch, comma separated. Empty watches all namespaces."},
 	{"labelSelector", "label-selector", "", "Only Students matching this label selector are published."},
-	{"workers", "workers", 4, "Students reconciled concurrently."},
+	{"workers", "workers", 16, "Students reconciled concurrently; each waits for its JetStream ack and API writes, so this bounds throughput."},
 	{"kubeAPIQPS", "kube-api-qps", "500", "Requests per second the bridge may send to the Kubernetes API (finalizers, status, Events)."},
 	{"kubeAPIBurst", "kube-api-burst", 1000, "Burst above kubeAPIQPS."},
 	{"metricsAddr", "metrics-bind-address", ":8080", "Address of the Prometheus /metrics endpoint; \"0\" disables it."},

@@ -102,6 +102,10 @@ type result struct {
 	failed       int // API calls that failed (e.g. the API server refused)
 	covered      int
 	lostFinal    int // Students whose last change was never delivered
+	// unobserved counts Students created and deleted before the variant
+	// published anything for them: consistent for consumers, not a loss
+	// (the bridge's finalizer is added by its first reconcile).
+	unobserved   int
 	duplicates   int
 	events       int
 	p50, p99     time.Duration
@@ -134,6 +138,10 @@ func (t *tracker) result(variant string, rate int) result {
 	}
 	for _, c := range last {
 		if _, ok := t.latency(c); !ok {
+			if c.op == "deleted" && len(t.receipts[c.name]) == 0 {
+				r.unobserved++
+				continue
+			}
 			r.lostFinal++
 		}
 	}

@@ -121,8 +121,8 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## student-bridge benchmark\n\n%s, %d CPUs, %s; %d reps of %s per cell, randomized order; median (min-max).\n\n",
 		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), o.reps, o.duration)
-	b.WriteString("| variant | rate/s | p50 ms | p99 ms | p99.9 ms | coverage | lost final | dup | API writes/change | CPU s/1k changes | kept up |\n")
-	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("| variant | rate/s | p50 ms | p99 ms | p99.9 ms | coverage | lost final | unobserved | dup | API writes/change | CPU s/1k changes | kept up |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	sustained := map[string]int{}
 	for _, v := range variants {
 		for _, rate := range o.rates {
@@ -131,11 +131,12 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 				continue
 			}
 			p99s := durations(rs, func(r result) time.Duration { return r.p99 })
-			lost, behind, dup, made, covered := 0, false, 0, 0, 0
+			lost, unobserved, behind, dup, made, covered := 0, 0, false, 0, 0, 0
 			var writes int64
 			var cpu float64
 			for _, r := range rs {
 				lost += r.lostFinal
+				unobserved += r.unobserved
 				behind = behind || r.behind
 				dup += r.duplicates
 				made += r.made
@@ -151,10 +152,10 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 			if kept && rate > sustained[v.name] {
 				sustained[v.name] = rate
 			}
-			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d/%d | %d | %d | %s | %.2f | %v |\n", v.name, rate,
+			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d/%d | %d | %d | %d | %s | %.2f | %v |\n", v.name, rate,
 				spread(durations(rs, func(r result) time.Duration { return r.p50 })), spread(p99s),
 				spread(durations(rs, func(r result) time.Duration { return r.p999 })),
-				covered, made, lost, dup, wpc, cpu/float64(made)*1000, kept)
+				covered, made, lost, unobserved, dup, wpc, cpu/float64(made)*1000, kept)
 		}
 	}
 	b.WriteString("\nHighest sustained rate (p99 < 1 s, no lost final state, generator kept its schedule):\n\n")
