@@ -56,9 +56,8 @@ type StudentReconciler struct {
 	Timeout time.Duration
 
 	// published remembers what this process published and the broker
-	// acknowledged, until the status write shows it in the cache. Without it
-	// a reconcile that reads a stale cache, or follows a failed status write,
-	// would publish the same change again under another type.
+	// acknowledged until the status write succeeded. Without it a reconcile
+	// that follows a failed status write would publish the change again.
 	published sync.Map // types.NamespacedName -> studentv1.PublishedEvent
 }
 
@@ -117,6 +116,13 @@ func (r *StudentReconciler) reconcileNormal(ctx context.Context, stu *studentv1.
 		if err := r.Client.Status().Patch(ctx, stu, client.MergeFrom(orig)); err != nil {
 			return errors.Join(pubErr, fmt.Errorf("write status: %w", err))
 		}
+	}
+	if pubErr == nil {
+		// The status now records what was published. Should a later
+		// reconcile still read an older status from the cache, it derives
+		// the same ids and the stream drops the copies, so the memory need
+		// not be kept: it would cost a copy of every Student.
+		r.published.Delete(client.ObjectKeyFromObject(stu))
 	}
 	return pubErr
 }
@@ -236,8 +242,17 @@ type publishedEntry struct {
 // lastPublished is what this process remembers publishing for stu, or else
 // what stu's status says.
 func (r *StudentReconciler) lastPublished(stu *studentv1.Student) *studentv1.PublishedEvent {
-	if v, ok := r.published.Load(client.ObjectKeyFromObject(stu)); ok {
-		if e := v.(publishedEntry); e.uid == stu.UID {
+	key := client.ObjectKeyFromObject(stu)
+	if v, ok := r.published.Load(key); ok {
+		e := v.(publishedEntry)
+		switch {
+		case e.uid != stu.UID:
+			r.published.Delete(key)
+		case stu.Status.LastPublished != nil && stu.Status.LastPublished.ID == e.event.ID:
+			// The cache has caught up with the status write: the entry has
+			// done its job, and memory stays bounded by what is in flight.
+			r.published.Delete(key)
+		default:
 			ev := e.event
 			return &ev
 		}

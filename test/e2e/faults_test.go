@@ -340,3 +340,4 @@ func TestMinimalRBAC(t *testing.T) {
 		t.Errorf("the bridge's user could delete a Student: %v", err)
 	}
 }
+
