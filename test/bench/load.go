@@ -96,12 +96,12 @@ func (t *tracker) latency(c *change) (time.Duration, bool) {
 
 // result summarises one run of one variant at one rate.
 type result struct {
-	variant      string
-	rate         int
-	made         int
-	failed       int // API calls that failed (e.g. the API server refused)
-	covered      int
-	lostFinal    int // Students whose last change was never delivered
+	variant   string
+	rate      int
+	made      int
+	failed    int // API calls that failed (e.g. the API server refused)
+	covered   int
+	lostFinal int // Students whose last change was never delivered
 	// unobserved counts Students created and deleted before the variant
 	// published anything for them: consistent for consumers, not a loss
 	// (the bridge's finalizer is added by its first reconcile).

@@ -340,4 +340,3 @@ func TestMinimalRBAC(t *testing.T) {
 		t.Errorf("the bridge's user could delete a Student: %v", err)
 	}
 }
-
