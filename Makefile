@@ -61,8 +61,9 @@ fmt: ## Run gofmt.
 	gofmt -l -w $$(git ls-files '*.go')
 
 .PHONY: vet
-vet: ## Run go vet.
+vet: ## Run go vet and fail on unformatted Go files.
 	$(GO) vet ./...
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "not gofmt-ed: $$unformatted"; exit 1; fi
 
 .PHONY: build
 build: ## Build bin/student-bridge.
