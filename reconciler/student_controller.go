@@ -56,8 +56,10 @@ type StudentReconciler struct {
 	Timeout time.Duration
 
 	// published remembers what this process published and the broker
-	// acknowledged until the status write succeeded. Without it a reconcile
-	// that follows a failed status write would publish the change again.
+	// acknowledged, until the cache shows the status write. Without it a
+	// reconcile that reads a stale cache, or follows a failed status write,
+	// would publish the same change again (the stream would drop the copy,
+	// but core NATS subscribers would see it twice).
 	published sync.Map // types.NamespacedName -> studentv1.PublishedEvent
 }
 
@@ -116,13 +118,6 @@ func (r *StudentReconciler) reconcileNormal(ctx context.Context, stu *studentv1.
 		if err := r.Client.Status().Patch(ctx, stu, client.MergeFrom(orig)); err != nil {
 			return errors.Join(pubErr, fmt.Errorf("write status: %w", err))
 		}
-	}
-	if pubErr == nil {
-		// The status now records what was published. Should a later
-		// reconcile still read an older status from the cache, it derives
-		// the same ids and the stream drops the copies, so the memory need
-		// not be kept: it would cost a copy of every Student.
-		r.published.Delete(client.ObjectKeyFromObject(stu))
 	}
 	return pubErr
 }
@@ -302,9 +297,10 @@ func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.O
 }
 
 // changePredicate lets through the updates that can need an event or a
-// finalizer: spec (generation), labels, deletion and finalizers. Status and
-// annotation updates, including the bridge's own status writes, are dropped
-// before they reach the queue.
+// finalizer: spec (generation), labels, deletion and finalizers, and the
+// bridge's own status write of a new publish (its reconcile writes nothing
+// and lets go of the in-memory record). Other status updates and annotation
+// updates are dropped before they reach the queue.
 func changePredicate() predicate.Predicate {
 	return predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
@@ -312,7 +308,15 @@ func changePredicate() predicate.Predicate {
 			return o.GetGeneration() != n.GetGeneration() ||
 				!equality.Semantic.DeepEqual(o.GetLabels(), n.GetLabels()) ||
 				!equality.Semantic.DeepEqual(o.GetDeletionTimestamp(), n.GetDeletionTimestamp()) ||
-				!equality.Semantic.DeepEqual(o.GetFinalizers(), n.GetFinalizers())
+				!equality.Semantic.DeepEqual(o.GetFinalizers(), n.GetFinalizers()) ||
+				publishedID(o) != publishedID(n)
 		},
 	}
+}
+
+func publishedID(o client.Object) string {
+	if s, ok := o.(*studentv1.Student); ok && s.Status.LastPublished != nil {
+		return s.Status.LastPublished.ID
+	}
+	return ""
 }
