@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -33,18 +32,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	var err error
-	st, err = stack.Start(stack.Options{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := st.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		code = 1
-	}
-	os.Exit(code)
+	os.Exit(stack.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
 }
 
 // render runs the built `kubectl kustomize` on deploy/<overlay>.

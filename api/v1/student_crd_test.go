@@ -24,18 +24,7 @@ import (
 var st *stack.Stack
 
 func TestMain(m *testing.M) {
-	var err error
-	st, err = stack.Start(stack.Options{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := st.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		code = 1
-	}
-	os.Exit(code)
+	os.Exit(stack.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
 }
 
 func sample(t *testing.T) *studentv1.Student {

@@ -28,18 +28,7 @@ var st *stack.Stack
 
 func TestMain(m *testing.M) {
 	ctrl.SetLogger(zap.New(zap.WriteTo(os.Stderr), zap.Level(zapLevel()), zap.StacktraceLevel(zapcore.PanicLevel)))
-	var err error
-	st, err = stack.Start(stack.Options{})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	if err := st.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		code = 1
-	}
-	os.Exit(code)
+	os.Exit(stack.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
 }
 
 // zapLevel keeps test output to errors unless BRIDGE_TEST_VERBOSE is set.

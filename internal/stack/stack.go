@@ -249,3 +249,20 @@ func (n *NATS) Stop() {
 		_ = os.RemoveAll(n.tempDir)
 	}
 }
+
+// RunTests is a TestMain body: it starts a Stack with opts, hands it to use,
+// runs the tests and stops the Stack. It returns the exit code.
+func RunTests(m interface{ Run() int }, opts Options, use func(*Stack)) int {
+	s, err := Start(opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	use(s)
+	code := m.Run()
+	if err := s.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
+	return code
+}

@@ -168,10 +168,6 @@ func pct(s []time.Duration, p float64) time.Duration {
 // API server shows up as latency, not as a lower rate.
 func generate(ctx context.Context, c client.Client, ns string, rate int, d time.Duration, tr *tracker, seed uint64) (behind bool) {
 	rng := rand.New(rand.NewPCG(seed, seed))
-	type job struct {
-		c   *change
-		gen int64
-	}
 	jobs := make(chan *change, rate*int(d.Seconds()+1))
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -191,16 +187,8 @@ func generate(ctx context.Context, c client.Client, ns string, rate int, d time.
 			}
 		}()
 	}
-	start := time.Now()
-	total := int(float64(rate) * d.Seconds())
 	seq := 0
-	for i := range total {
-		at := start.Add(time.Duration(float64(i) / float64(rate) * float64(time.Second)))
-		if w := time.Until(at); w > 0 {
-			time.Sleep(w)
-		} else if -w > 500*time.Millisecond {
-			behind = true
-		}
+	behind = pace(rate, d, func(_ int, at time.Time) {
 		mu.Lock()
 		ch := &change{scheduled: at}
 		p := rng.Float64()
@@ -237,9 +225,25 @@ func generate(ctx context.Context, c client.Client, ns string, rate int, d time.
 		busy[ch.name] = true
 		mu.Unlock()
 		jobs <- ch
-	}
+	})
 	close(jobs)
 	wg.Wait()
+	return behind
+}
+
+// pace calls send for change i at start+i/rate, for d, open loop, and
+// reports whether it fell more than 500ms behind its schedule.
+func pace(rate int, d time.Duration, send func(i int, at time.Time)) (behind bool) {
+	start := time.Now()
+	for i := range int(float64(rate) * d.Seconds()) {
+		at := start.Add(time.Duration(float64(i) / float64(rate) * float64(time.Second)))
+		if w := time.Until(at); w > 0 {
+			time.Sleep(w)
+		} else if -w > 500*time.Millisecond {
+			behind = true
+		}
+		send(i, at)
+	}
 	return behind
 }
 

@@ -241,16 +241,7 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // of messages the size of a bridge event, open loop at rate.
 func publishCeiling(ctx context.Context, e *env, r *run, rate int, d time.Duration) bool {
 	layout, _ := natssink.NewSubjectLayout(r.prefix, natssink.DefaultSubjectLayout)
-	total := int(float64(rate) * d.Seconds())
-	start := time.Now()
-	behind := false
-	for i := range total {
-		at := start.Add(time.Duration(float64(i) / float64(rate) * float64(time.Second)))
-		if w := time.Until(at); w > 0 {
-			time.Sleep(w)
-		} else if -w > 500*time.Millisecond {
-			behind = true
-		}
+	behind := pace(rate, d, func(i int, at time.Time) {
 		name := fmt.Sprintf("c-%s-%d", r.id, i)
 		s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: name, UID: "u", Generation: 1, ResourceVersion: "1"},
 			Spec: studentv1.StudentSpec{Name: name, School: "s1"}}
@@ -260,7 +251,7 @@ func publishCeiling(ctx context.Context, e *env, r *run, rate int, d time.Durati
 		_, ch.err = e.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.ID()))
 		ch.doneAt = time.Now()
 		r.tr.add(ch)
-	}
+	})
 	select {
 	case <-e.js.PublishAsyncComplete():
 	case <-time.After(30 * time.Second):
