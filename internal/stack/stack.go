@@ -12,6 +12,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
@@ -45,6 +48,57 @@ type Stack struct {
 	// Client is an admin client that knows the Student type.
 	Client client.Client
 	NATS   *NATS
+
+	certDir string
+}
+
+// KillAPIServer kills kube-apiserver (SIGKILL: a crash, and no waiting for
+// it to drain watches) and starts it again on the same address with the same
+// certificates and etcd. Clients see their watches break and their requests
+// fail until it is back.
+func (s *Stack) KillAPIServer() error {
+	pids, err := childPIDs("kube-apiserver")
+	if err != nil || len(pids) != 1 {
+		return fmt.Errorf("find the kube-apiserver child process: %v %v", pids, err)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		return fmt.Errorf("kill kube-apiserver: %w", err)
+	}
+	api := s.Env.ControlPlane.APIServer
+	if err := api.Stop(); err != nil {
+		return fmt.Errorf("reap kube-apiserver: %w", err)
+	}
+	if err := api.Start(); err != nil {
+		return fmt.Errorf("start kube-apiserver: %w", err)
+	}
+	return nil
+}
+
+// childPIDs lists this process's children whose command name is comm.
+func childPIDs(comm string) ([]int, error) {
+	stats, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil {
+		return nil, err
+	}
+	me := strconv.Itoa(os.Getpid())
+	var pids []int
+	for _, st := range stats {
+		b, err := os.ReadFile(st)
+		if err != nil {
+			continue
+		}
+		line := string(b)
+		open, end := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		fields := strings.Fields(line[end+1:])
+		if len(fields) > 1 && fields[1] == me && line[open+1:end] == comm {
+			pid, _ := strconv.Atoi(strings.Fields(line)[0])
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
 }
 
 // Start starts the control plane and NATS. Stop undoes everything, also
@@ -69,7 +123,14 @@ func Start(opts Options) (*Stack, error) {
 		}
 		env.ControlPlane.Etcd = &envtest.Etcd{DataDir: opts.EtcdDataDir}
 	}
-	s := &Stack{Env: env}
+	// A fixed certificate directory survives an API server restart, so
+	// clients keep trusting the restarted server (RestartAPIServer).
+	certDir, err := os.MkdirTemp("", "student-bridge-apiserver-")
+	if err != nil {
+		return nil, err
+	}
+	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: certDir}
+	s := &Stack{Env: env, certDir: certDir}
 	cfg, err := env.Start()
 	if err != nil {
 		_ = env.Stop()
@@ -99,6 +160,9 @@ func (s *Stack) Stop() error {
 		if err := s.Env.Stop(); err != nil {
 			errs = append(errs, fmt.Errorf("stop control plane: %w", err))
 		}
+	}
+	if s.certDir != "" {
+		_ = os.RemoveAll(s.certDir)
 	}
 	return errors.Join(errs...)
 }

@@ -340,3 +340,36 @@ func TestMinimalRBAC(t *testing.T) {
 		t.Errorf("the bridge's user could delete a Student: %v", err)
 	}
 }
+
+// TestAPIServerKilled: the API server dies and comes back (watches break, the
+// informer relists). No change is lost and nothing already published is
+// published again.
+func TestAPIServerKilled(t *testing.T) {
+	w := newWorld(t)
+	start(t, t.TempDir(), w.bridgeArgs(w.admin)...)
+	for i := range 10 {
+		w.create(t, "default", fmt.Sprintf("api-%d", i), "s0")
+	}
+	before := w.waitVerified(t, "default", 60*time.Second)
+	if err := w.st.KillAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := time.Now()
+	burst(t, w, "default", "after", 10, nil)
+	w.update(t, "default", "api-3", "changed after the restart")
+	r := w.waitVerified(t, "default", 90*time.Second)
+	r.Recovery = time.Since(restarted)
+	events, err := stack.StreamEvents(context.Background(), w.nc, w.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events[before.Delivered:] {
+		if strings.HasPrefix(e.Data.Metadata.Name, "api-") && e.Data.Metadata.Name != "api-3" {
+			t.Errorf("republished %s %s after the API server came back", e.Event.Type(), e.Data.Metadata.Name)
+		}
+	}
+	if r.Duplicates != 0 {
+		t.Errorf("%d duplicates", r.Duplicates)
+	}
+	t.Logf("fault report: API server killed and restarted: %s", r)
+}
