@@ -4,6 +4,10 @@
 // floor, a raw informer-to-JetStream reference, and the bridge with and
 // without Kubernetes Events. It prints a markdown table and writes it to a
 // results file. `make bench` runs it; its smoke mode runs in `make test`.
+//
+// BENCH_WORKERS overrides the bridge's workers; BENCH_PROFILE_DIR writes a
+// goroutine profile of this process halfway through each run (to see where
+// the bridge waits).
 package main
 
 import (
@@ -16,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"sort"
 	"strconv"
 	"strings"
@@ -197,6 +202,18 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 			stop()
 			return result{}, err
 		}
+	}
+	if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
+		// Mid-run profiles of this process (generator, NATS and, for the
+		// bridge variants, the bridge itself): where the bridge waits.
+		go func() {
+			time.Sleep(benchDuration / 2)
+			f, err := os.Create(filepath.Join(dir, id+"-goroutines.txt"))
+			if err == nil {
+				_ = pprof.Lookup("goroutine").WriteTo(f, 1)
+				f.Close()
+			}
+		}()
 	}
 	cpu0 := cpuSeconds()
 	var behind bool

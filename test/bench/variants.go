@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -197,6 +199,9 @@ func startBridge(ctx context.Context, e *env, r *run, kubeEvents bool) (func(), 
 	cfg.MetricsAddr, cfg.HealthAddr = "0", "0"
 	cfg.Events = kubeEvents
 	cfg.Snapshot.RequestSubject = ""
+	if w := os.Getenv("BENCH_WORKERS"); w != "" {
+		cfg.Workers, _ = strconv.Atoi(w)
+	}
 	restCfg := rest.CopyConfig(e.st.RestConfig)
 	restCfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
