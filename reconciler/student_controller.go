@@ -80,8 +80,7 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	var stu studentv1.Student
 	if err := r.Client.Get(ctx, req.NamespacedName, &stu); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.published.Delete(req.NamespacedName)
-			return ctrl.Result{}, nil
+			return ctrl.Result{}, r.reconcileVanished(ctx, req.NamespacedName)
 		}
 		return ctrl.Result{}, err
 	}
@@ -175,6 +174,41 @@ func (r *StudentReconciler) patchFinalizers(ctx context.Context, stu *studentv1.
 		}
 	}
 	return err
+}
+
+// reconcileVanished handles a Student that is gone. Normally its finalizer
+// made sure the deleted event went out first. But kube-apiserver can let a
+// delete that races with the finalizer being added remove the object anyway
+// (kubernetes/kubernetes#77988): if this process published the Student and
+// never its deletion, it publishes the deleted event now, from what it last
+// published.
+func (r *StudentReconciler) reconcileVanished(ctx context.Context, key types.NamespacedName) error {
+	v, ok := r.published.Load(key)
+	if !ok {
+		return nil
+	}
+	e := v.(publishedEntry)
+	if e.event.Type != studentv1.EventTypeDeleted {
+		gone := &studentv1.Student{
+			ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, UID: e.uid, Generation: e.event.Generation, Labels: e.event.Labels},
+			Spec:       e.event.Spec,
+		}
+		ev, err := NewEvent(r.Cluster, studentv1.EventTypeDeleted, EventID(studentv1.EventTypeDeleted, gone, ""), gone, &e.event, r.now())
+		if err != nil {
+			return reconcile.TerminalError(err)
+		}
+		start := time.Now()
+		_, err = r.Sink.Publish(ctx, ev)
+		publishLatency.WithLabelValues(studentv1.EventTypeDeleted).Observe(time.Since(start).Seconds())
+		if err != nil {
+			eventsPublished.WithLabelValues(studentv1.EventTypeDeleted, resultError).Inc()
+			return fmt.Errorf("publish %s %s of vanished %s: %w", studentv1.EventTypeDeleted, ev.ID(), key, err)
+		}
+		eventsPublished.WithLabelValues(studentv1.EventTypeDeleted, resultSuccess).Inc()
+		log.FromContext(ctx).Info("Student vanished without its finalizer; published its deletion", "id", ev.ID())
+	}
+	r.published.Delete(key)
+	return nil
 }
 
 // publish sends the event of type typ for stu and, once the broker

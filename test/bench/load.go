@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -106,6 +107,7 @@ type result struct {
 	// published anything for them: consistent for consumers, not a loss
 	// (the bridge's finalizer is added by its first reconcile).
 	unobserved   int
+	lostNames    []string
 	duplicates   int
 	events       int
 	p50, p99     time.Duration
@@ -143,6 +145,14 @@ func (t *tracker) result(variant string, rate int) result {
 				continue
 			}
 			r.lostFinal++
+			r.lostNames = append(r.lostNames, c.name)
+			if os.Getenv("BENCH_DEBUG") != "" {
+				fmt.Fprintf(os.Stderr, "lost final %s %s gen %d scheduled %s done %s; receipts:", c.name, c.op, c.gen, c.scheduled.Format("15:04:05.000"), c.doneAt.Format("15:04:05.000"))
+				for _, rc := range t.receipts[c.name] {
+					fmt.Fprintf(os.Stderr, " %s/%d@%s", rc.op, rc.gen, rc.at.Format("15:04:05.000"))
+				}
+				fmt.Fprintln(os.Stderr)
+			}
 		}
 	}
 	for _, n := range t.received {

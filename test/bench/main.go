@@ -7,7 +7,9 @@
 //
 // BENCH_WORKERS overrides the bridge's workers; BENCH_PROFILE_DIR writes a
 // goroutine profile of this process halfway through each run (to see where
-// the bridge waits).
+// the bridge waits); BENCH_LOG writes the bridge's debug log to a file;
+// BENCH_DEBUG prints every lost final state with its receipts, the object
+// and its events in the stream.
 package main
 
 import (
@@ -30,6 +32,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
@@ -54,10 +57,17 @@ func main() {
 	flag.StringVar(&students, "students", "1000,10000", "Student counts for the memory and restart measurements; empty skips them.")
 	flag.StringVar(&o.out, "out", "bench-results/results.md", "Results file (markdown).")
 	flag.StringVar(&o.only, "only", "", "Run only variants whose name contains this.")
+	flag.DurationVar(&settleQuiet, "settle", 2*time.Second, "A run has settled when no event arrived for this long.")
 	flag.Parse()
 	o.rates = ints(rates)
 	o.students = ints(students)
-	ctrl.SetLogger(zap.New(zap.WriteTo(io.Discard)))
+	logTo := io.Discard
+	if f := os.Getenv("BENCH_LOG"); f != "" {
+		if lf, err := os.Create(f); err == nil {
+			logTo = lf
+		}
+	}
+	ctrl.SetLogger(zap.New(zap.WriteTo(logTo), zap.UseDevMode(os.Getenv("BENCH_LOG") != "")))
 	if err := bench(context.Background(), o, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -226,6 +236,29 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 	cpu := cpuSeconds() - cpu0
 	stop()
 	res := r.tr.result(v.name, rate)
+	if os.Getenv("BENCH_DEBUG") != "" {
+		for _, n := range res.lostNames {
+			var s studentv1.Student
+			err := e.st.Client.Get(ctx, client.ObjectKey{Namespace: r.ns, Name: n}, &s)
+			fmt.Fprintf(os.Stderr, "lost %s: get err=%v finalizers=%v deleting=%v lastPublished=%+v\n", n, err, s.Finalizers, s.DeletionTimestamp, s.Status.LastPublished)
+		}
+		if len(res.lostNames) > 0 {
+			evs, err := stack.StreamEvents(ctx, e.nc, r.stream)
+			fmt.Fprintf(os.Stderr, "stream %s: %d events (err %v)\n", r.stream, len(evs), err)
+			for _, ev := range evs {
+				if ev.Data.Metadata.UID == "" || ev.Data.Metadata.Name == "" {
+					fmt.Fprintf(os.Stderr, "  EMPTY #%d %s %q id %s\n", ev.Sequence, ev.Event.Type(), ev.Data.Metadata.Name, ev.Event.ID())
+				}
+			}
+			for _, ev := range evs {
+				for _, n := range res.lostNames {
+					if ev.Data.Metadata.Name == n {
+						fmt.Fprintf(os.Stderr, "  #%d %s %s id %s uid %s\n", ev.Sequence, ev.Event.Type(), n, ev.Event.ID(), ev.Data.Metadata.UID)
+					}
+				}
+			}
+		}
+	}
 	res.behind = behind
 	res.apiWrites = r.apiWrites.Load()
 	res.cpuSeconds = cpu
@@ -255,7 +288,12 @@ func warmup(ctx context.Context, e *env, r *run) error {
 	return nil
 }
 
-// settle waits until no event arrived for 2s (at most 60s).
+// settleQuiet is how long no event may arrive before a run counts as
+// settled. Events can come later than that: a Student whose reconcile failed
+// waits out its backoff (up to retry.maxDelay).
+var settleQuiet = 2 * time.Second
+
+// settle waits until no event arrived for settleQuiet (at most 60s).
 func settle(tr *tracker) {
 	deadline := time.Now().Add(60 * time.Second)
 	last, quiet := -1, time.Now()
@@ -265,7 +303,7 @@ func settle(tr *tracker) {
 		tr.mu.Unlock()
 		if n != last {
 			last, quiet = n, time.Now()
-		} else if time.Since(quiet) > 2*time.Second {
+		} else if time.Since(quiet) > settleQuiet {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)

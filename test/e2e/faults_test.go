@@ -373,3 +373,43 @@ func TestAPIServerKilled(t *testing.T) {
 	}
 	t.Logf("fault report: API server killed and restarted: %s", r)
 }
+
+// TestVanishedWithoutFinalizer: kube-apiserver can let a delete that races
+// with the finalizer being added remove the Student anyway
+// (kubernetes/kubernetes#77988). The bridge then publishes the deletion from
+// what it last published. The race is forced here: the bridge's status write
+// is refused (so it keeps its in-memory record), and, while the bridge is
+// paused, the finalizer is removed by hand and the Student deleted.
+func TestVanishedWithoutFinalizer(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	must(t, w.st.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "student-bridge-system"}}))
+	noStatus := w.bridgeUser(t, "bridge-no-status", "student-bridge-system", "students/status")
+	p := start(t, t.TempDir(), w.bridgeArgs(noStatus)...)
+	w.create(t, "default", "object-name", "china")
+	p.waitOutput(t, "write status", 60*time.Second)
+
+	// Paused, the bridge cannot put its finalizer back in between.
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var s studentv1.Student
+	if err := w.st.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "object-name"}, &s); err != nil {
+		t.Fatal(err)
+	}
+	orig := s.DeepCopy()
+	s.Finalizers = nil
+	if err := w.st.Client.Patch(ctx, &s, client.MergeFrom(orig)); err != nil {
+		t.Fatal(err)
+	}
+	w.delete(t, "default", "object-name")
+	if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	r := w.waitVerified(t, "default", 60*time.Second)
+	if r.Delivered != 2 {
+		t.Errorf("stream holds %d events, want created and deleted", r.Delivered)
+	}
+	p.waitOutput(t, "vanished without its finalizer", 10*time.Second)
+	t.Logf("fault report: Student vanished without the finalizer: %s", r)
+}
