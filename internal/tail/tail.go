@@ -83,12 +83,16 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) error {
 
 	p := printer{out: o.Out, json: o.JSON}
 	for {
-		if pending == 0 && !holding && !o.Follow {
-			return nil
+		next := []jetstream.NextOpt{jetstream.NextContext(ctx)}
+		caughtUp := pending == 0 && !holding && !o.Follow
+		if caughtUp {
+			// The consumer's pending count can lag a publish that just
+			// happened; give the server a moment before calling it the end.
+			next = []jetstream.NextOpt{jetstream.NextMaxWait(caughtUpWait)}
 		}
-		msg, err := iter.Next(jetstream.NextContext(ctx))
+		msg, err := iter.Next(next...)
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) || caughtUp && errors.Is(err, nats.ErrTimeout) {
 				return nil
 			}
 			return fmt.Errorf("next event: %w", err)
@@ -132,6 +136,10 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) error {
 		}
 	}
 }
+
+// caughtUpWait is how long a non-following tail waits for one more event
+// once the stream looks read to its end.
+const caughtUpWait = 500 * time.Millisecond
 
 type held struct {
 	seq uint64
