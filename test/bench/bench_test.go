@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,16 +25,24 @@ func TestSmoke(t *testing.T) {
 	table := out.String()
 	t.Log("\n" + table)
 	for _, v := range variants {
-		row := regexp.MustCompile(`(?m)^\| ` + regexp.QuoteMeta(v.name) + ` \| 20 \| .*\| (\d+)/(\d+) \| (\d+) \|`).FindStringSubmatch(table)
+		row := regexp.MustCompile(`(?m)^\| ` + regexp.QuoteMeta(v.name) + ` \| 20 \| .*\| (\d+)/(\d+) \| (\d+) \| (\d+) \|`).FindStringSubmatch(table)
 		if row == nil {
 			t.Errorf("no row for %s", v.name)
 			continue
 		}
-		if row[1] != row[2] || row[1] == "0" || row[3] != "0" {
-			t.Errorf("%s: covered %s of %s changes, lost %s final states", v.name, row[1], row[2], row[3])
+		covered, made, lost, unobserved := atoi(row[1]), atoi(row[2]), atoi(row[3]), atoi(row[4])
+		// A Student created and deleted before the bridge saw it has two
+		// changes that nothing covers; everything else must be covered.
+		if covered == 0 || lost != 0 || covered+2*unobserved < made {
+			t.Errorf("%s: covered %d of %d changes, lost %d final states, %d unobserved", v.name, covered, made, lost, unobserved)
 		}
 	}
 	if !strings.Contains(table, "events republished: 0.") {
 		t.Errorf("restart republished events or did not report:\n%s", table)
 	}
+}
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
 }
