@@ -1,8 +1,14 @@
 package reconciler
 
 import (
+	"context"
+	"time"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/student-bridge/student-bridge/sink"
 )
 
 // Publish results, the "result" label of the published-events counter.
@@ -27,4 +33,21 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(eventsPublished, publishLatency)
+}
+
+// send publishes ev on s and records its latency and result in the metrics;
+// every publish of the package goes through it.
+func send(ctx context.Context, s sink.Sink, ev cloudevents.Event) (sink.Receipt, error) {
+	start := time.Now()
+	receipt, err := s.Publish(ctx, ev)
+	publishLatency.WithLabelValues(ev.Type()).Observe(time.Since(start).Seconds())
+	result := resultSuccess
+	switch {
+	case err != nil:
+		result = resultError
+	case receipt.Duplicate:
+		result = resultDuplicate
+	}
+	eventsPublished.WithLabelValues(ev.Type(), result).Inc()
+	return receipt, err
 }

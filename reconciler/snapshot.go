@@ -51,11 +51,9 @@ func (s *Snapshotter) Snapshot(ctx context.Context, namespace, run string) (int,
 		if err != nil {
 			return n, err
 		}
-		if _, err := s.Sink.Publish(ctx, ev); err != nil {
-			eventsPublished.WithLabelValues(studentv1.EventTypeSnapshot, resultError).Inc()
+		if _, err := send(ctx, s.Sink, ev); err != nil {
 			return n, fmt.Errorf("publish snapshot of %s: %w", Subject(stu), err)
 		}
-		eventsPublished.WithLabelValues(studentv1.EventTypeSnapshot, resultSuccess).Inc()
 		n++
 	}
 	return n, nil

@@ -197,14 +197,9 @@ func (r *StudentReconciler) reconcileVanished(ctx context.Context, key types.Nam
 		if err != nil {
 			return reconcile.TerminalError(err)
 		}
-		start := time.Now()
-		_, err = r.Sink.Publish(ctx, ev)
-		publishLatency.WithLabelValues(studentv1.EventTypeDeleted).Observe(time.Since(start).Seconds())
-		if err != nil {
-			eventsPublished.WithLabelValues(studentv1.EventTypeDeleted, resultError).Inc()
+		if _, err := send(ctx, r.Sink, ev); err != nil {
 			return fmt.Errorf("publish %s %s of vanished %s: %w", studentv1.EventTypeDeleted, ev.ID(), key, err)
 		}
-		eventsPublished.WithLabelValues(studentv1.EventTypeDeleted, resultSuccess).Inc()
 		log.FromContext(ctx).Info("Student vanished without its finalizer; published its deletion", "id", ev.ID())
 	}
 	r.published.Delete(key)
@@ -226,11 +221,8 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		return last, reconcile.TerminalError(err)
 	}
 
-	start := time.Now()
-	receipt, err := r.Sink.Publish(ctx, ev)
-	publishLatency.WithLabelValues(typ).Observe(time.Since(start).Seconds())
+	receipt, err := send(ctx, r.Sink, ev)
 	if err != nil {
-		eventsPublished.WithLabelValues(typ, resultError).Inc()
 		reason := studentv1.ReasonPublishFailed
 		if errors.Is(err, sink.ErrTooLarge) {
 			// The same event will never fit: wait for the Student to change
@@ -242,11 +234,6 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		return last, fmt.Errorf("publish %s %s: %w", typ, ev.ID(), err)
 	}
 
-	result := resultSuccess
-	if receipt.Duplicate {
-		result = resultDuplicate
-	}
-	eventsPublished.WithLabelValues(typ, result).Inc()
 	log.FromContext(ctx).V(1).Info("published", "type", typ, "id", ev.ID(), "subject", receipt.Subject, "sequence", receipt.Sequence, "duplicate", receipt.Duplicate)
 
 	rec := &studentv1.PublishedEvent{
