@@ -187,6 +187,7 @@ func newManager(cfg *config.Config, restCfg *rest.Config) (manager.Manager, erro
 		Cache:                   cacheOpts,
 		Metrics:                 metricsserver.Options{BindAddress: cfg.MetricsAddr},
 		HealthProbeBindAddress:  cfg.HealthAddr,
+		PprofBindAddress:        cfg.PprofAddr,
 		LeaderElection:          cfg.LeaderElection.Enabled,
 		LeaderElectionID:        cfg.LeaderElection.ID,
 		LeaderElectionNamespace: leNamespace,

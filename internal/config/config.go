@@ -32,6 +32,7 @@ type Config struct {
 	KubeAPIBurst   int            `mapstructure:"kubeAPIBurst"`
 	MetricsAddr    string         `mapstructure:"metricsAddr"`
 	HealthAddr     string         `mapstructure:"healthAddr"`
+	PprofAddr      string         `mapstructure:"pprofAddr"`
 	Events         bool           `mapstructure:"kubernetesEvents"`
 	LeaderElection LeaderElection `mapstructure:"leaderElection"`
 	Retry          Retry          `mapstructure:"retry"`
@@ -146,6 +147,7 @@ var Settings = []Setting{
 	{"kubeAPIBurst", "kube-api-burst", 1000, "Burst above kubeAPIQPS."},
 	{"metricsAddr", "metrics-bind-address", ":8080", "Address of the Prometheus /metrics endpoint; \"0\" disables it."},
 	{"healthAddr", "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; \"0\" disables them."},
+	{"pprofAddr", "pprof-bind-address", "", "Address of the Go pprof endpoints (/debug/pprof/); empty disables them. Do not expose it."},
 	{"kubernetesEvents", "kubernetes-events", true, "Record a Kubernetes Event on the Student for every publish and failure."},
 	{"shutdownTimeout", "shutdown-timeout", "30s", "How long a graceful shutdown waits for in-flight publishes."},
 	{"leaderElection.enabled", "leader-elect", true, "Use a Lease so that only one replica publishes at a time."},
@@ -431,8 +433,8 @@ func (c *Config) Validate() error {
 	case c.Snapshot.RequestSubject != "" && strings.HasPrefix(c.Snapshot.RequestSubject, c.NATS.SubjectPrefix+"."):
 		return bad("snapshot.requestSubject", "%q is under the stream's subjects %s.>; requests would be stored as events", c.Snapshot.RequestSubject, c.NATS.SubjectPrefix)
 	}
-	for _, addr := range []struct{ key, val string }{{"metricsAddr", c.MetricsAddr}, {"healthAddr", c.HealthAddr}} {
-		if addr.val == "0" {
+	for _, addr := range []struct{ key, val string }{{"metricsAddr", c.MetricsAddr}, {"healthAddr", c.HealthAddr}, {"pprofAddr", c.PprofAddr}} {
+		if addr.val == "0" || (addr.key == "pprofAddr" && addr.val == "") {
 			continue
 		}
 		if _, _, err := net.SplitHostPort(addr.val); err != nil {

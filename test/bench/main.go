@@ -7,7 +7,8 @@
 //
 // BENCH_WORKERS overrides the bridge's workers; BENCH_PROFILE_DIR writes a
 // goroutine profile of this process halfway through each run (to see where
-// the bridge waits); BENCH_LOG writes the bridge's debug log to a file;
+// the bridge waits) and heap profiles of the bridge process in the memory
+// phase; BENCH_LOG writes the bridge's debug log to a file;
 // BENCH_DEBUG prints every lost final state with its receipts, the object
 // and its events in the stream.
 package main

@@ -54,9 +54,9 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error)
 	if err := newNamespace(ctx, e, ns); err != nil {
 		return "", err
 	}
-	metricsAddr, healthAddr := freeAddr(), freeAddr()
+	metricsAddr, healthAddr, pprofAddr := freeAddr(), freeAddr(), freeAddr()
 	args := []string{"--kubeconfig", kubeconfig, "--nats-url", e.st.NATS.URL(), "--leader-elect=false",
-		"--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr,
+		"--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr, "--pprof-bind-address", pprofAddr,
 		"--namespaces", ns, "--stream-name", stream, "--subject-prefix", "benchmem", "--snapshot-request-subject", ""}
 	startProc := func() (*exec.Cmd, time.Time, error) {
 		cmd := exec.Command(bin, args...)
@@ -74,12 +74,42 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error)
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	time.Sleep(2 * time.Second)
 
+	metrics := "http://" + metricsAddr + "/metrics"
+	reconciledOK := `controller_runtime_reconcile_total{controller="student-bridge",result="success"}`
+	// restart stops the bridge and starts it again: how long until it is
+	// ready, and until it has reconciled all n Students.
+	restart := func(n int) (ready, reconciled time.Duration, err error) {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		_ = cmd.Wait()
+		var t0 time.Time
+		if cmd, t0, err = startProc(); err != nil {
+			return 0, 0, err
+		}
+		ready = time.Since(t0)
+		deadline := time.Now().Add(5 * time.Minute)
+		for metric(metrics, reconciledOK) < float64(n) {
+			if time.Now().After(deadline) {
+				return 0, 0, fmt.Errorf("restart: %d Students not reconciled within 5 minutes", n)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		return ready, time.Since(t0), nil
+	}
+	sample := func() (rssKB int64, heapMB float64) {
+		return procStatus(cmd.Process.Pid, "VmRSS"), metric(metrics, "go_memstats_heap_inuse_bytes") / 1e6
+	}
+
 	var b strings.Builder
-	b.WriteString("Memory of the bridge process (RSS and Go heap in use, from its own /metrics):\n\n| Students | RSS MB | heap MB |\n| --- | --- | --- |\n")
-	rss0, heap0 := procStatus(cmd.Process.Pid, "VmRSS"), metric("http://"+metricsAddr+"/metrics", "go_memstats_heap_inuse_bytes")
-	fmt.Fprintf(&b, "| 0 | %.1f | %.1f |\n", float64(rss0)/1024, heap0/1e6)
+	b.WriteString("Memory of the bridge process (RSS and Go heap in use, from its own /metrics). \"Publishing\" is 3 s after the " +
+		"last of the Students was published; it includes client-go's record of recent Kubernetes Events, kept 6-12 minutes. " +
+		"\"Steady\" is after a restart with every Student already published: the cost of watching them.\n\n" +
+		"| Students | RSS MB publishing | heap MB publishing | RSS MB steady | heap MB steady |\n| --- | --- | --- | --- | --- |\n")
+	rss0, heap0 := sample()
+	fmt.Fprintf(&b, "| 0 | %.1f | %.1f | %.1f | %.1f |\n", float64(rss0)/1024, heap0, float64(rss0)/1024, heap0)
 	created := 0
-	rss := map[int]int64{}
+	steady := map[int]int64{}
+	var readyAt, reconciled time.Duration
+	var republished uint64
 	for _, n := range counts {
 		if err := createStudents(ctx, e, ns, created, n); err != nil {
 			return "", err
@@ -89,33 +119,25 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error)
 			return "", err
 		}
 		time.Sleep(3 * time.Second) // status writes and Events after the last publish
-		rss[n] = procStatus(cmd.Process.Pid, "VmRSS")
-		fmt.Fprintf(&b, "| %d | %.1f | %.1f |\n", n, float64(rss[n])/1024, metric("http://"+metricsAddr+"/metrics", "go_memstats_heap_inuse_bytes")/1e6)
+		rss, heap := sample()
+		profile(pprofAddr, fmt.Sprintf("heap-%d-publishing.pb.gz", n))
+
+		// Restart with every Student already published.
+		before := streamMsgs(ctx, e, stream)
+		if readyAt, reconciled, err = restart(n); err != nil {
+			return "", err
+		}
+		time.Sleep(3 * time.Second)
+		republished += streamMsgs(ctx, e, stream) - before
+		steady[n] = procStatus(cmd.Process.Pid, "VmRSS")
+		_, heapSteady := sample()
+		profile(pprofAddr, fmt.Sprintf("heap-%d-steady.pb.gz", n))
+		fmt.Fprintf(&b, "| %d | %.1f | %.1f | %.1f | %.1f |\n", n, float64(rss)/1024, heap, float64(steady[n])/1024, heapSteady)
 	}
 	lo, hi := counts[0], counts[len(counts)-1]
 	if hi > lo {
-		fmt.Fprintf(&b, "\nRSS slope between %d and %d Students: %.2f KB per Student.\n", lo, hi, float64(rss[hi]-rss[lo])/float64(hi-lo))
+		fmt.Fprintf(&b, "\nSteady RSS slope between %d and %d Students: %.2f KB per Student.\n", lo, hi, float64(steady[hi]-steady[lo])/float64(hi-lo))
 	}
-
-	// Restart with every Student already published.
-	before := streamMsgs(ctx, e, stream)
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	_ = cmd.Wait()
-	cmd, t0, err := startProc()
-	if err != nil {
-		return "", err
-	}
-	readyAt := time.Since(t0)
-	deadline := time.Now().Add(5 * time.Minute)
-	for metric("http://"+metricsAddr+"/metrics", `controller_runtime_reconcile_total{controller="student-bridge",result="success"}`) < float64(hi) {
-		if time.Now().After(deadline) {
-			return "", fmt.Errorf("restart: %d Students not reconciled within 5 minutes", hi)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	reconciled := time.Since(t0)
-	time.Sleep(3 * time.Second)
-	republished := streamMsgs(ctx, e, stream) - before
 
 	// The raw reference: how long an informer takes to sync the same Students.
 	t1 := time.Now()
@@ -132,7 +154,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error)
 	c.WaitForCacheSync(ictx)
 	informerSync := time.Since(t1)
 
-	fmt.Fprintf(&b, "\nRestart with %d published Students: ready (/readyz) after %s, every Student reconciled after %s; raw informer sync of the same Students %s; events republished: %d.\n",
+	fmt.Fprintf(&b, "\nRestart with %d published Students: ready (/readyz) after %s, every Student reconciled after %s; raw informer sync of the same Students %s; events republished (all restarts): %d.\n",
 		hi, readyAt.Round(10*time.Millisecond), reconciled.Round(10*time.Millisecond), informerSync.Round(10*time.Millisecond), republished)
 	return b.String(), nil
 }
@@ -216,6 +238,25 @@ func waitHTTP(url string, timeout time.Duration) error {
 			return fmt.Errorf("%s not OK after %s", url, timeout)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// profile saves a heap profile of the bridge process (after a GC) in
+// BENCH_PROFILE_DIR, if set; read it with
+// go tool pprof -sample_index=inuse_space <file>. A failure only loses it.
+func profile(pprofAddr, name string) {
+	dir := os.Getenv("BENCH_PROFILE_DIR")
+	if dir == "" {
+		return
+	}
+	resp, err := http.Get("http://" + pprofAddr + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		return
+	}
+	defer resp.Body.Close()
+	if f, err := os.Create(filepath.Join(dir, name)); err == nil {
+		_, _ = io.Copy(f, resp.Body)
+		f.Close()
 	}
 }
 
