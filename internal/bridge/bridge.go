@@ -35,6 +35,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/kubeevents"
 	"github.com/student-bridge/student-bridge/reconciler"
 	natssink "github.com/student-bridge/student-bridge/sink/nats"
 )
@@ -115,7 +116,18 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 
 	var recorder events.EventRecorder = nopRecorder{}
 	if cfg.Events {
-		recorder = mgr.GetEventRecorder(reconciler.ControllerName)
+		rec, err := kubeevents.New(mgr.GetClient(), mgr.GetScheme(), kubeevents.Options{
+			Controller: reconciler.ControllerName,
+			QPS:        cfg.EventsQPS,
+			Log:        log.WithName("events"),
+		})
+		if err != nil {
+			return err
+		}
+		if err := mgr.Add(rec); err != nil {
+			return err
+		}
+		recorder = rec
 	}
 	r := &reconciler.StudentReconciler{
 		Client:    mgr.GetClient(),

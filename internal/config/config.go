@@ -34,6 +34,7 @@ type Config struct {
 	HealthAddr     string         `mapstructure:"healthAddr"`
 	PprofAddr      string         `mapstructure:"pprofAddr"`
 	Events         bool           `mapstructure:"kubernetesEvents"`
+	EventsQPS      float64        `mapstructure:"kubernetesEventsQPS"`
 	LeaderElection LeaderElection `mapstructure:"leaderElection"`
 	Retry          Retry          `mapstructure:"retry"`
 	NATS           NATS           `mapstructure:"nats"`
@@ -149,6 +150,7 @@ var Settings = []Setting{
 	{"healthAddr", "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; \"0\" disables them."},
 	{"pprofAddr", "pprof-bind-address", "", "Address of the Go pprof endpoints (/debug/pprof/); empty disables them. Do not expose it."},
 	{"kubernetesEvents", "kubernetes-events", true, "Record a Kubernetes Event on the Student for every publish and failure."},
+	{"kubernetesEventsQPS", "kubernetes-events-qps", "50", "Most Kubernetes Events written per second. Events wait in a queue of 1000 and beyond it are dropped and counted: they never slow publishing."},
 	{"shutdownTimeout", "shutdown-timeout", "30s", "How long a graceful shutdown waits for in-flight publishes."},
 	{"leaderElection.enabled", "leader-elect", true, "Use a Lease so that only one replica publishes at a time."},
 	{"leaderElection.namespace", "leader-election-namespace", "", "Namespace of the Lease; defaults to the pod's namespace in-cluster, else \"default\"."},
@@ -396,6 +398,8 @@ func (c *Config) Validate() error {
 		return bad("kubeAPIQPS", "%v must be positive", c.KubeAPIQPS)
 	case c.KubeAPIBurst < 1:
 		return bad("kubeAPIBurst", "%d must be at least 1", c.KubeAPIBurst)
+	case c.Events && c.EventsQPS <= 0:
+		return bad("kubernetesEventsQPS", "%v must be positive (or set kubernetesEvents to false)", c.EventsQPS)
 	case c.LeaderElection.Enabled && (c.LeaderElection.RetryPeriod <= 0 || c.LeaderElection.RenewDeadline <= c.LeaderElection.RetryPeriod):
 		return bad("leaderElection.renewDeadline", "%s must be longer than leaderElection.retryPeriod (%s), which must be positive", c.LeaderElection.RenewDeadline, c.LeaderElection.RetryPeriod)
 	case c.LeaderElection.Enabled && c.LeaderElection.LeaseDuration <= c.LeaderElection.RenewDeadline:

@@ -124,6 +124,8 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		{"missing creds file", "", nil, []string{"--nats-creds-file=/does/not/exist"}, "nats.auth.credsFile"},
 		{"cert without key", "", nil, []string{"--nats-tls-cert-file=" + os.Args[0]}, "nats.tls.certFile"},
 		{"bad metrics address", "", nil, []string{"--metrics-bind-address=8080"}, "metricsAddr"},
+		{"bad pprof address", "", nil, []string{"--pprof-bind-address=6060"}, "pprofAddr"},
+		{"no Events budget", "kubernetesEventsQPS: 0\n", nil, nil, "kubernetesEventsQPS"},
 		{"max below base", "", nil, []string{"--retry-base-delay=2s", "--retry-max-delay=1s"}, "retry.maxDelay"},
 		{"not yaml", "workers: [\n", nil, nil, "config file"},
 	}
