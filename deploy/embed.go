@@ -9,3 +9,10 @@ import "embed"
 //
 //go:embed crd/*.yaml
 var CRDs embed.FS
+
+// Admission holds deploy/admission/*.yaml: the MutatingAdmissionPolicy that
+// adds the bridge's finalizer to Students as they are created, and its
+// binding.
+//
+//go:embed admission/*.yaml
+var Admission embed.FS

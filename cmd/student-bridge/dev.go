@@ -59,6 +59,10 @@ All flags of the bridge itself apply; nats.urls and leader election are set by d
 			AssetsDir:   assets,
 			EtcdDataDir: filepath.Join(abs, "etcd"),
 			NATS:        stack.NATSOptions{Port: natsPort, StoreDir: filepath.Join(abs, "nats")},
+			// As deploy/default: the API server adds the finalizer to new
+			// Students. Not when the bridge watches only some of them: the
+			// others could then never be deleted.
+			FinalizerPolicy: len(cfg.Namespaces) == 0 && cfg.LabelSelector == "",
 		})
 		if err != nil {
 			return err

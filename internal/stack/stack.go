@@ -5,6 +5,7 @@
 package stack
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -18,12 +19,18 @@ import (
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/deploy"
 	"github.com/student-bridge/student-bridge/internal/bridge"
 )
@@ -39,6 +46,9 @@ type Options struct {
 	EtcdDataDir string
 	// NATS configures the embedded NATS server.
 	NATS NATSOptions
+	// FinalizerPolicy installs deploy/admission (the finalizer is added to
+	// Students as they are created), as the default deployment does.
+	FinalizerPolicy bool
 }
 
 // Stack is a running kube-apiserver + etcd + NATS.
@@ -72,6 +82,35 @@ func (s *Stack) KillAPIServer() error {
 		return fmt.Errorf("start kube-apiserver: %w", err)
 	}
 	return nil
+}
+
+// ControlPlaneCPU returns the CPU seconds (user and system) that this
+// process's kube-apiserver and etcd children have used so far.
+func ControlPlaneCPU() float64 {
+	var total float64
+	for _, comm := range []string{"kube-apiserver", "etcd"} {
+		pids, _ := childPIDs(comm)
+		for _, pid := range pids {
+			total += ProcessCPU(pid)
+		}
+	}
+	return total
+}
+
+// ProcessCPU returns the CPU seconds (user and system) process pid has used.
+func ProcessCPU(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (ut + st) / 100 // USER_HZ
 }
 
 // childPIDs lists this process's children whose command name is comm.
@@ -142,12 +181,74 @@ func Start(opts Options) (*Stack, error) {
 		_ = s.Stop()
 		return nil, err
 	}
+	if opts.FinalizerPolicy {
+		if err := InstallFinalizerPolicy(s.Client, nil); err != nil {
+			_ = s.Stop()
+			return nil, err
+		}
+	}
 	s.NATS, err = StartNATS(opts.NATS)
 	if err != nil {
 		_ = s.Stop()
 		return nil, err
 	}
 	return s, nil
+}
+
+// InstallFinalizerPolicy applies deploy/admission: a MutatingAdmissionPolicy
+// that adds the bridge's finalizer to Students as they are created, and its
+// binding; with namespaceLabels, the binding applies only to namespaces with
+// those labels (as when a bridge watches only some namespaces). It returns
+// once the API server applies the policy (a dry-run create gets the
+// finalizer): policies take effect when the API server's informer sees them.
+func InstallFinalizerPolicy(c client.Client, namespaceLabels map[string]string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b, err := deploy.Admission.ReadFile("admission/finalizer.yaml")
+	if err != nil {
+		return err
+	}
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+			return fmt.Errorf("parse deploy/admission/finalizer.yaml: %w", err)
+		}
+		if u.GetKind() == "MutatingAdmissionPolicyBinding" && namespaceLabels != nil {
+			labels := map[string]any{}
+			for k, v := range namespaceLabels {
+				labels[k] = v
+			}
+			if err := unstructured.SetNestedMap(u.Object, labels, "spec", "matchResources", "namespaceSelector", "matchLabels"); err != nil {
+				return err
+			}
+		}
+		if err := c.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner("student-bridge-stack"), client.ForceOwnership); err != nil {
+			return fmt.Errorf("apply %s %s: %w", u.GetKind(), u.GetName(), err)
+		}
+	}
+	probeNS := metav1.NamespaceDefault
+	if namespaceLabels != nil {
+		probeNS = "student-bridge-policy-probe"
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: probeNS, Labels: namespaceLabels}}
+		if err := c.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+	}
+	for {
+		probe := &studentv1.Student{
+			ObjectMeta: metav1.ObjectMeta{Namespace: probeNS, Name: "finalizer-policy-probe"},
+			Spec:       studentv1.StudentSpec{Name: "probe", School: "probe"},
+		}
+		err := c.Create(ctx, probe, client.DryRunAll)
+		if err == nil && controllerutil.ContainsFinalizer(probe, studentv1.Finalizer) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the finalizer policy of deploy/admission did not take effect within a minute (last dry-run create: %v)", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // Stop stops NATS and the control plane.

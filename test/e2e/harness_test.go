@@ -40,7 +40,12 @@ type world struct {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	st, err := stack.Start(stack.Options{})
+	return newWorldWith(t, stack.Options{})
+}
+
+func newWorldWith(t *testing.T, opts stack.Options) *world {
+	t.Helper()
+	st, err := stack.Start(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
