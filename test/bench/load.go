@@ -106,16 +106,17 @@ type result struct {
 	// unobserved counts Students created and deleted before the variant
 	// published anything for them: consistent for consumers, not a loss
 	// (the bridge's finalizer is added by its first reconcile).
-	unobserved   int
-	lostNames    []string
-	duplicates   int
-	events       int
-	p50, p99     time.Duration
-	p999         time.Duration
-	behind       bool // the generator could not keep the rate
-	apiWrites    int64
-	cpuSeconds   float64
-	achievedRate float64
+	unobserved      int
+	lostNames       []string
+	duplicates      int
+	events          int
+	p50, p99        time.Duration
+	p999            time.Duration
+	behind          bool // the generator could not keep the rate
+	apiWrites       int64
+	cpuSeconds      float64 // this process: generator, NATS, subscriber, the bridge
+	controlPlaneCPU float64 // kube-apiserver and etcd
+	achievedRate    float64
 }
 
 func (t *tracker) result(variant string, rate int) result {

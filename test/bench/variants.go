@@ -34,8 +34,10 @@ import (
 type variant struct {
 	name string
 	// k8s is false for the NATS ceiling, which needs no API server.
-	k8s   bool
-	start func(ctx context.Context, e *env, run *run) (stop func(), err error)
+	k8s bool
+	// bridge runs student-bridge: its namespace gets the finalizer policy.
+	bridge bool
+	start  func(ctx context.Context, e *env, run *run) (stop func(), err error)
 }
 
 type env struct {
@@ -58,8 +60,8 @@ var variants = []variant{
 	{name: "nats-ceiling", k8s: false, start: startNATSCeiling},
 	{name: "watch-floor", k8s: true, start: startWatchFloor},
 	{name: "raw-informer", k8s: true, start: startRawInformer},
-	{name: "student-bridge", k8s: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startBridge(ctx, e, r, true) }},
-	{name: "student-bridge (no k8s Events)", k8s: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startBridge(ctx, e, r, false) }},
+	{name: "student-bridge", k8s: true, bridge: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startBridge(ctx, e, r, true) }},
+	{name: "student-bridge (no k8s Events)", k8s: true, bridge: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startBridge(ctx, e, r, false) }},
 }
 
 // subscribe delivers every event of the run's stream to the tracker.
@@ -264,6 +266,15 @@ func publishCeiling(ctx context.Context, e *env, r *run, rate int, d time.Durati
 	return behind
 }
 
-func newNamespace(ctx context.Context, e *env, name string) error {
-	return e.st.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: strings.ToLower(name)}})
+// policyLabels mark the namespaces the finalizer policy applies to.
+var policyLabels = map[string]string{"bench.student-bridge.example/finalizer-policy": "true"}
+
+// newNamespace creates a namespace; withPolicy binds the finalizer policy
+// to it.
+func newNamespace(ctx context.Context, e *env, name string, withPolicy bool) error {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: strings.ToLower(name)}}
+	if withPolicy {
+		ns.Labels = policyLabels
+	}
+	return e.st.Client.Create(ctx, ns)
 }
