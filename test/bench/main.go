@@ -52,7 +52,7 @@ type options struct {
 func main() {
 	var o options
 	var rates, students string
-	flag.StringVar(&rates, "rates", "50,200,500,1000", "Change rates (changes/s) to run, comma separated.")
+	flag.StringVar(&rates, "rates", "50,100,200,300,500,1000", "Change rates (changes/s) to run, comma separated.")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "How long the generator runs per variant and rate.")
 	flag.IntVar(&o.reps, "reps", 3, "Repetitions of every (variant, rate); the table shows the median and the min-max.")
 	flag.StringVar(&students, "students", "1000,10000", "Student counts for the memory and restart measurements; empty skips them.")
