@@ -27,11 +27,14 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -271,7 +274,56 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 	res.cpuSeconds = cpu
 	res.controlPlaneCPU = cpCPU
 	_ = e.js.DeleteStream(ctx, r.stream)
+	if v.k8s {
+		if err := removeStudents(ctx, e, r.ns); err != nil {
+			return result{}, err
+		}
+	}
 	return res, nil
+}
+
+// removeStudents deletes what a run left in its namespace, so that every run
+// starts from the same API server and etcd, whatever ran before it. The
+// bridge has stopped, so its finalizers are removed by hand.
+func removeStudents(ctx context.Context, e *env, ns string) error {
+	var list studentv1.StudentList
+	if err := e.st.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return err
+	}
+	work := make(chan *studentv1.Student)
+	errs := make(chan error, 8)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for s := range work {
+				err := e.st.Client.Patch(ctx, s, client.RawPatch(types.MergePatchType, []byte(`{"metadata":{"finalizers":null}}`)))
+				if err != nil && !apierrors.IsNotFound(err) {
+					select {
+					case errs <- err:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	for i := range list.Items {
+		if len(list.Items[i].Finalizers) > 0 {
+			work <- &list.Items[i]
+		}
+	}
+	close(work)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return fmt.Errorf("remove finalizers in %s: %w", ns, err)
+	default:
+	}
+	if err := e.st.Client.DeleteAllOf(ctx, &studentv1.Student{}, client.InNamespace(ns)); err != nil {
+		return fmt.Errorf("delete Students in %s: %w", ns, err)
+	}
+	return nil
 }
 
 var benchDuration = 10 * time.Second
