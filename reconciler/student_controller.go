@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -61,7 +62,13 @@ type StudentReconciler struct {
 	// would publish the same change again (the stream would drop the copy,
 	// but core NATS subscribers would see it twice).
 	published sync.Map // types.NamespacedName -> studentv1.PublishedEvent
+
+	inFlight atomic.Int32 // reconciles running now
 }
+
+// InFlight is how many reconciles are running now. When it reaches the
+// number of workers, changes are waiting: the bridge has a backlog.
+func (r *StudentReconciler) InFlight() int { return int(r.inFlight.Load()) }
 
 // +kubebuilder:rbac:groups=example.k8s.io,resources=students,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=example.k8s.io,resources=students/status,verbs=get;update;patch
@@ -70,6 +77,8 @@ type StudentReconciler struct {
 
 // Reconcile publishes the change the Student's current state needs, if any.
 func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	r.inFlight.Add(1)
+	defer r.inFlight.Add(-1)
 	timeout := r.Timeout
 	if timeout <= 0 {
 		timeout = time.Minute

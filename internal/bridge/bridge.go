@@ -22,7 +22,6 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -114,12 +113,22 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 		return err
 	}
 
-	var recorder events.EventRecorder = nopRecorder{}
+	r := &reconciler.StudentReconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Sink:      pub,
+		Recorder:  nopRecorder{},
+		Cluster:   cfg.Cluster,
+		Timeout:   cfg.NATS.AckTimeout + 30*time.Second,
+	}
 	if cfg.Events {
 		rec, err := kubeevents.New(mgr.GetClient(), mgr.GetScheme(), kubeevents.Options{
 			Controller: reconciler.ControllerName,
 			QPS:        cfg.EventsQPS,
 			Log:        log.WithName("events"),
+			// Every worker busy: changes are waiting for the API server,
+			// and Events would only take capacity from them.
+			Busy: func() bool { return r.InFlight() >= cfg.Workers },
 		})
 		if err != nil {
 			return err
@@ -127,15 +136,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 		if err := mgr.Add(rec); err != nil {
 			return err
 		}
-		recorder = rec
-	}
-	r := &reconciler.StudentReconciler{
-		Client:    mgr.GetClient(),
-		APIReader: mgr.GetAPIReader(),
-		Sink:      pub,
-		Recorder:  recorder,
-		Cluster:   cfg.Cluster,
-		Timeout:   cfg.NATS.AckTimeout + 30*time.Second,
+		r.Recorder = rec
 	}
 	skip := true
 	if err := r.SetupWithManager(mgr, controller.Options{

@@ -5,8 +5,8 @@
 // no bound on how many are in flight: under load the Events compete with the
 // bridge's finalizer and status writes for the API server. This Recorder
 // queues Events (Eventf never blocks), writes them from a few writers at no
-// more than a set rate, and drops, and counts, what does not fit in the
-// queue. Kubernetes Events are best effort in Kubernetes itself; the
+// more than a set rate and only while the caller has no backlog, and drops,
+// and counts, what does not fit in the queue. Kubernetes Events are best effort in Kubernetes itself; the
 // CloudEvent and the Student's status are what the bridge guarantees.
 package kubeevents
 
@@ -54,6 +54,10 @@ type Options struct {
 	Writers int
 	// Log receives, at most once a minute each, drops and write failures.
 	Log logr.Logger
+	// Busy, if set, says the caller's own API writes have a backlog: Events
+	// then wait (and, once the queue is full, are dropped) so that they
+	// never take API server capacity the caller needs.
+	Busy func() bool
 }
 
 // Recorder implements client-go's events.EventRecorder. Start it (it is a
@@ -206,6 +210,9 @@ func (r *Recorder) write(ctx context.Context) {
 			return
 		case ev := <-r.queue:
 			queued.Dec()
+			if !r.waitIdle(ctx) {
+				return
+			}
 			if err := r.limiter.Wait(ctx); err != nil {
 				return
 			}
@@ -222,6 +229,19 @@ func (r *Recorder) write(ctx context.Context) {
 			recorded.WithLabelValues("written").Inc()
 		}
 	}
+}
+
+// waitIdle returns once Busy says the caller has no backlog, false if ctx
+// ends first.
+func (r *Recorder) waitIdle(ctx context.Context) bool {
+	for r.opts.Busy != nil && r.opts.Busy() {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return ctx.Err() == nil
 }
 
 // NeedLeaderElection is false: every replica writes the Events it queued.

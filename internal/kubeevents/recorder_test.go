@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -166,4 +167,28 @@ func TestQPSMustBePositive(t *testing.T) {
 	if _, err := kubeevents.New(st.Client, st.Client.Scheme(), kubeevents.Options{Controller: "x"}); err == nil || !strings.Contains(err.Error(), "QPS") {
 		t.Fatalf("New without QPS: %v, want an error naming QPS", err)
 	}
+}
+
+// While the caller is busy Events wait in the queue; they are written once
+// it is not.
+func TestBusyCallerHoldsEvents(t *testing.T) {
+	s := student(t)
+	var busy atomic.Bool
+	busy.Store(true)
+	r := newRecorder(t, kubeevents.Options{QPS: 100, Busy: busy.Load})
+	start(t, r)
+	for i := range 3 {
+		r.Eventf(s, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "event %d", i)
+	}
+	// Unheld, the writers create them within milliseconds.
+	time.Sleep(time.Second)
+	var list eventsv1.EventList
+	if err := st.Client.List(context.Background(), &list, client.InNamespace(s.Namespace)); err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) != 0 {
+		t.Fatalf("%d Events written while the caller was busy", len(list.Items))
+	}
+	busy.Store(false)
+	waitEvents(t, s.Namespace, 3)
 }
