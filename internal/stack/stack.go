@@ -163,7 +163,7 @@ func Start(opts Options) (*Stack, error) {
 		env.ControlPlane.Etcd = &envtest.Etcd{DataDir: opts.EtcdDataDir}
 	}
 	// A fixed certificate directory survives an API server restart, so
-	// clients keep trusting the restarted server (RestartAPIServer).
+	// clients keep trusting the restarted server (KillAPIServer).
 	certDir, err := os.MkdirTemp("", "student-bridge-apiserver-")
 	if err != nil {
 		return nil, err
@@ -214,11 +214,7 @@ func InstallFinalizerPolicy(c client.Client, namespaceLabels map[string]string) 
 			return fmt.Errorf("parse deploy/admission/finalizer.yaml: %w", err)
 		}
 		if u.GetKind() == "MutatingAdmissionPolicyBinding" && namespaceLabels != nil {
-			labels := map[string]any{}
-			for k, v := range namespaceLabels {
-				labels[k] = v
-			}
-			if err := unstructured.SetNestedMap(u.Object, labels, "spec", "matchResources", "namespaceSelector", "matchLabels"); err != nil {
+			if err := unstructured.SetNestedStringMap(u.Object, namespaceLabels, "spec", "matchResources", "namespaceSelector", "matchLabels"); err != nil {
 				return err
 			}
 		}

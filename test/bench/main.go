@@ -282,9 +282,10 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 	return res, nil
 }
 
-// removeStudents deletes what a run left in its namespace, so that every run
-// starts from the same API server and etcd, whatever ran before it. The
-// bridge has stopped, so its finalizers are removed by hand.
+// removeStudents deletes what a run left in its namespace, so that later runs
+// do not carry its Students. (The API server and etcd still carry some of
+// the work of a heavy run; see the README.) The bridge has stopped, so its
+// finalizers are removed by hand.
 func removeStudents(ctx context.Context, e *env, ns string) error {
 	var list studentv1.StudentList
 	if err := e.st.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {

@@ -129,8 +129,8 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error)
 		}
 		time.Sleep(3 * time.Second)
 		republished += streamMsgs(ctx, e, stream) - before
-		steady[n] = procStatus(cmd.Process.Pid, "VmRSS")
-		_, heapSteady := sample()
+		rssSteady, heapSteady := sample()
+		steady[n] = rssSteady
 		profile(pprofAddr, fmt.Sprintf("heap-%d-steady.pb.gz", n))
 		fmt.Fprintf(&b, "| %d | %.1f | %.1f | %.1f | %.1f |\n", n, float64(rss)/1024, heap, float64(steady[n])/1024, heapSteady)
 	}

@@ -77,10 +77,7 @@ func TestDeletesWhileBridgeDown(t *testing.T) {
 	}
 	w.update(t, "default", "down-7", "changed while down")
 	// The finalizer holds the deleted Students while nobody can publish.
-	var s studentv1.Student
-	if err := w.st.Client.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: "down-0"}, &s); err != nil || s.DeletionTimestamp.IsZero() {
-		t.Fatalf("deleted Student not held while the bridge is down: %v %v", err, s.DeletionTimestamp)
-	}
+	w.requireHeld(t, "default", "down-0", "while the bridge is down")
 	faultEnd := time.Now()
 	start(t, t.TempDir(), w.bridgeArgs(w.admin)...)
 	r := w.waitVerified(t, "default", 60*time.Second)
@@ -247,11 +244,7 @@ func TestStreamFull(t *testing.T) {
 func TestCrashBetweenAckAndStatus(t *testing.T) {
 	w := newWorld(t)
 	ctx := context.Background()
-	must(t, w.st.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "student-bridge-system"}}))
-	noStatus := w.bridgeUser(t, "bridge-no-status", "student-bridge-system", "students/status")
-	p := start(t, t.TempDir(), w.bridgeArgs(noStatus)...)
-	w.create(t, "default", "object-name", "china")
-	p.waitOutput(t, "write status", 60*time.Second)
+	p := w.startWithoutStatus(t)
 	events, err := stack.StreamEvents(ctx, w.nc, w.stream)
 	if err != nil || len(events) != 1 {
 		t.Fatalf("before the crash the stream holds %d events (%v)", len(events), err)
@@ -383,11 +376,7 @@ func TestAPIServerKilled(t *testing.T) {
 func TestVanishedWithoutFinalizer(t *testing.T) {
 	w := newWorld(t)
 	ctx := context.Background()
-	must(t, w.st.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "student-bridge-system"}}))
-	noStatus := w.bridgeUser(t, "bridge-no-status", "student-bridge-system", "students/status")
-	p := start(t, t.TempDir(), w.bridgeArgs(noStatus)...)
-	w.create(t, "default", "object-name", "china")
-	p.waitOutput(t, "write status", 60*time.Second)
+	p := w.startWithoutStatus(t)
 
 	// Paused, the bridge cannot put its finalizer back in between.
 	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -152,6 +153,29 @@ func (w *world) delete(t *testing.T, ns, name string) {
 	w.deleted[s.UID] = name
 	w.changes++
 	w.mu.Unlock()
+}
+
+// requireHeld fails the test unless the deleted Student ns/name still
+// exists, held by the finalizer.
+func (w *world) requireHeld(t *testing.T, ns, name, why string) {
+	t.Helper()
+	var s studentv1.Student
+	if err := w.st.Client.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, &s); err != nil || s.DeletionTimestamp.IsZero() {
+		t.Fatalf("%s: deleted Student %s not held: %v %v", why, name, err, s.DeletionTimestamp)
+	}
+}
+
+// startWithoutStatus starts a bridge whose role lacks students/status,
+// creates default/object-name and returns once the bridge has published it
+// and failed to write its status.
+func (w *world) startWithoutStatus(t *testing.T) *proc {
+	t.Helper()
+	must(t, w.st.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "student-bridge-system"}}))
+	noStatus := w.bridgeUser(t, "bridge-no-status", "student-bridge-system", "students/status")
+	p := start(t, t.TempDir(), w.bridgeArgs(noStatus)...)
+	w.create(t, "default", "object-name", "china")
+	p.waitOutput(t, "write status", 60*time.Second)
+	return p
 }
 
 // report is what a fault test measured.

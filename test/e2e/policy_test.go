@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stack"
@@ -24,7 +24,7 @@ func TestFinalizerPolicy(t *testing.T) {
 	w := newWorldWith(t, stack.Options{FinalizerPolicy: true})
 	for i := range 10 {
 		s := w.create(t, "default", fmt.Sprintf("early-%d", i), "s0")
-		if !containsFinalizer(s) {
+		if !controllerutil.ContainsFinalizer(s, studentv1.Finalizer) {
 			t.Fatalf("created Student has finalizers %v, want the policy's %s", s.Finalizers, studentv1.Finalizer)
 		}
 	}
@@ -32,10 +32,7 @@ func TestFinalizerPolicy(t *testing.T) {
 		w.delete(t, "default", fmt.Sprintf("early-%d", i))
 	}
 	w.update(t, "default", "early-8", "s1")
-	var s studentv1.Student
-	if err := w.st.Client.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: "early-0"}, &s); err != nil || s.DeletionTimestamp.IsZero() {
-		t.Fatalf("a Student deleted before any bridge ran is not held: %v %v", err, s.DeletionTimestamp)
-	}
+	w.requireHeld(t, "default", "early-0", "before any bridge ran")
 
 	patches := studentPatches(t, w)
 	start(t, t.TempDir(), w.bridgeArgs(w.admin)...)
@@ -51,15 +48,6 @@ func TestFinalizerPolicy(t *testing.T) {
 		t.Errorf("the bridge patched Students (not their status) %d times; want 4, the finalizer removals of the 4 deletes, and no finalizer additions", got)
 	}
 	t.Logf("fault report: Students created and deleted before the bridge ran, with the finalizer policy: %s", r)
-}
-
-func containsFinalizer(s *studentv1.Student) bool {
-	for _, f := range s.Finalizers {
-		if f == studentv1.Finalizer {
-			return true
-		}
-	}
-	return false
 }
 
 // studentPatches is how many PATCH requests to Students (not to a
