@@ -69,11 +69,15 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) error {
 		pending = 0
 	}
 
-	iter, err := cons.Messages()
-	if err != nil {
-		return fmt.Errorf("read stream %s: %w", o.Stream, err)
+	var r reader = &fetchReader{cons: cons}
+	if o.Follow {
+		iter, err := cons.Messages()
+		if err != nil {
+			return fmt.Errorf("read stream %s: %w", o.Stream, err)
+		}
+		r = iterReader{iter}
 	}
-	defer iter.Stop()
+	defer r.stop()
 
 	// last: read history up to where it was at the start, keep the newest
 	// event of each Student, print those in stream order, then go on.
@@ -83,14 +87,14 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) error {
 
 	p := printer{out: o.Out, json: o.JSON}
 	for {
-		next := []jetstream.NextOpt{jetstream.NextContext(ctx)}
+		var wait time.Duration
 		caughtUp := pending == 0 && !holding && !o.Follow
 		if caughtUp {
 			// The consumer's pending count can lag a publish that just
 			// happened; give the server a moment before calling it the end.
-			next = []jetstream.NextOpt{jetstream.NextMaxWait(caughtUpWait)}
+			wait = caughtUpWait
 		}
-		msg, err := iter.Next(next...)
+		msg, err := r.next(ctx, wait, pending)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) || caughtUp && errors.Is(err, nats.ErrTimeout) {
 				return nil
@@ -140,6 +144,82 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) error {
 // caughtUpWait is how long a non-following tail waits for one more event
 // once the stream looks read to its end.
 const caughtUpWait = 500 * time.Millisecond
+
+// reader hands out the consumer's messages one at a time.
+type reader interface {
+	// next waits up to wait (0: until ctx ends) and returns nats.ErrTimeout
+	// when nothing came. pending is how many messages are known to wait.
+	next(ctx context.Context, wait time.Duration, pending uint64) (jetstream.Msg, error)
+	stop()
+}
+
+// iterReader keeps a pull request open all the time: the reader for a
+// following tail.
+type iterReader struct{ iter jetstream.MessagesContext }
+
+func (r iterReader) next(ctx context.Context, wait time.Duration, _ uint64) (jetstream.Msg, error) {
+	if wait > 0 {
+		return r.iter.Next(jetstream.NextMaxWait(wait))
+	}
+	return r.iter.Next(jetstream.NextContext(ctx))
+}
+
+func (r iterReader) stop() { r.iter.Stop() }
+
+// fetchReader reads in batches and always waits for a batch to end, so it
+// leaves no pull request behind when the tail returns. An iterator's request
+// outlives Stop for a moment: an event published right after a durable tail
+// returned could be handed to that dead request, and the durable consumer
+// would give it to the next run only after its ack wait.
+type fetchReader struct {
+	cons  jetstream.Consumer
+	batch jetstream.MessageBatch
+}
+
+const (
+	fetchBatch = 256
+	// fetchWait bounds one request while the stream is not read to its end.
+	fetchWait = 5 * time.Second
+)
+
+func (r *fetchReader) next(ctx context.Context, wait time.Duration, pending uint64) (jetstream.Msg, error) {
+	for {
+		if r.batch == nil {
+			// A request for no more than what waits is complete as soon
+			// as it arrives; one that may wait asks for a whole batch.
+			limit, size := wait, fetchBatch
+			if wait == 0 {
+				limit, size = fetchWait, int(min(max(pending, 1), fetchBatch))
+			}
+			// With a maximum wait (not a context) the client waits for the
+			// server to end the request.
+			batch, err := r.cons.Fetch(size, jetstream.FetchMaxWait(limit))
+			if err != nil {
+				return nil, err
+			}
+			r.batch = batch
+		}
+		select {
+		case msg, ok := <-r.batch.Messages():
+			if ok {
+				return msg, nil
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		// The batch is over: full, or expired on the server.
+		err := r.batch.Error()
+		r.batch = nil
+		switch {
+		case err != nil:
+			return nil, err
+		case wait > 0:
+			return nil, nats.ErrTimeout
+		}
+	}
+}
+
+func (r *fetchReader) stop() {}
 
 type held struct {
 	seq uint64
