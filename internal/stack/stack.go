@@ -67,9 +67,14 @@ type Stack struct {
 // certificates and etcd. Clients see their watches break and their requests
 // fail until it is back.
 func (s *Stack) KillAPIServer() error {
-	pids, err := childPIDs("kube-apiserver")
-	if err != nil || len(pids) != 1 {
-		return fmt.Errorf("find the kube-apiserver child process: %v %v", pids, err)
+	var pids []int
+	for _, p := range childProcs() {
+		if p.comm == "kube-apiserver" {
+			pids = append(pids, p.pid)
+		}
+	}
+	if len(pids) != 1 {
+		return fmt.Errorf("find the kube-apiserver child process: found %v", pids)
 	}
 	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 		return fmt.Errorf("kill kube-apiserver: %w", err)
@@ -88,10 +93,9 @@ func (s *Stack) KillAPIServer() error {
 // process's kube-apiserver and etcd children have used so far.
 func ControlPlaneCPU() float64 {
 	var total float64
-	for _, comm := range []string{"kube-apiserver", "etcd"} {
-		pids, _ := childPIDs(comm)
-		for _, pid := range pids {
-			total += ProcessCPU(pid)
+	for _, p := range childProcs() {
+		if p.comm == "kube-apiserver" || p.comm == "etcd" {
+			total += p.cpu()
 		}
 	}
 	return total
@@ -99,45 +103,64 @@ func ControlPlaneCPU() float64 {
 
 // ProcessCPU returns the CPU seconds (user and system) process pid has used.
 func ProcessCPU(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	p, ok := readProcStat(fmt.Sprintf("/proc/%d/stat", pid))
+	if !ok {
+		return 0
+	}
+	return p.cpu()
+}
+
+// procStat is a parsed /proc/PID/stat: "pid (comm) state ppid ...".
+type procStat struct {
+	pid  int
+	comm string
+	// fields follow comm: state, ppid, ... (proc(5) numbers them from 3).
+	fields []string
+}
+
+func readProcStat(path string) (procStat, bool) {
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return 0
+		return procStat{}, false
 	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	if len(f) < 13 {
-		return 0
+	line := string(b)
+	open, end := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
+	if open < 0 || end < open {
+		return procStat{}, false
 	}
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
+	pid, err := strconv.Atoi(strings.TrimSpace(line[:open]))
+	if err != nil {
+		return procStat{}, false
+	}
+	return procStat{pid: pid, comm: line[open+1 : end], fields: strings.Fields(line[end+1:])}, true
+}
+
+func (p procStat) ppid() string { return p.field(1) }
+
+func (p procStat) field(i int) string {
+	if i >= len(p.fields) {
+		return ""
+	}
+	return p.fields[i]
+}
+
+func (p procStat) cpu() float64 {
+	ut, _ := strconv.ParseFloat(p.field(11), 64)
+	st, _ := strconv.ParseFloat(p.field(12), 64)
 	return (ut + st) / 100 // USER_HZ
 }
 
-// childPIDs lists this process's children whose command name is comm.
-func childPIDs(comm string) ([]int, error) {
-	stats, err := filepath.Glob("/proc/[0-9]*/stat")
-	if err != nil {
-		return nil, err
-	}
+// childProcs lists this process's children.
+func childProcs() []procStat {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	me := strconv.Itoa(os.Getpid())
-	var pids []int
-	for _, st := range stats {
-		b, err := os.ReadFile(st)
-		if err != nil {
-			continue
-		}
-		line := string(b)
-		open, end := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
-		if open < 0 || end < open {
-			continue
-		}
-		fields := strings.Fields(line[end+1:])
-		if len(fields) > 1 && fields[1] == me && line[open+1:end] == comm {
-			pid, _ := strconv.Atoi(strings.Fields(line)[0])
-			pids = append(pids, pid)
+	var kids []procStat
+	for _, path := range stats {
+		if p, ok := readProcStat(path); ok && p.ppid() == me {
+			kids = append(kids, p)
 		}
 	}
-	return pids, nil
+	return kids
 }
 
 // Start starts the control plane and NATS. Stop undoes everything, also

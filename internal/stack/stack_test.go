@@ -3,7 +3,6 @@ package stack_test
 import (
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -26,8 +25,11 @@ func TestStartStopLeavesNothing(t *testing.T) {
 		apiHost := strings.TrimPrefix(strings.TrimPrefix(s.RestConfig.Host, "https://"), "http://")
 		natsAddr := strings.TrimPrefix(s.NATS.URL(), "nats://")
 		store := s.NATS.Server.JetStreamConfig().StoreDir
-		if kids := children(t); len(kids) < 2 {
+		if kids := stack.ChildNames(); len(kids) < 2 {
 			t.Errorf("start %d: expected etcd and kube-apiserver children, found %v", i, kids)
+		}
+		if cpu := stack.ControlPlaneCPU(); cpu <= 0 {
+			t.Errorf("start %d: kube-apiserver and etcd used %v s of CPU starting", i, cpu)
 		}
 		nc, err := nats.Connect(s.NATS.URL())
 		if err != nil {
@@ -42,7 +44,7 @@ func TestStartStopLeavesNothing(t *testing.T) {
 			t.Fatalf("stop %d: %v", i, err)
 		}
 		if err := stack.Eventually(10*time.Second, func() error {
-			if kids := children(t); len(kids) > 0 {
+			if kids := stack.ChildNames(); len(kids) > 0 {
 				return &leak{"child processes " + strings.Join(kids, ",")}
 			}
 			for _, addr := range []string{apiHost, natsAddr} {
@@ -105,28 +107,3 @@ func TestNATSRestartKeepsStore(t *testing.T) {
 type leak struct{ s string }
 
 func (l *leak) Error() string { return l.s }
-
-// children lists the names of this process's child processes.
-func children(t *testing.T) []string {
-	t.Helper()
-	me := strconv.Itoa(os.Getpid())
-	dirs, _ := filepath.Glob("/proc/[0-9]*/stat")
-	var out []string
-	for _, d := range dirs {
-		b, err := os.ReadFile(d)
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...
-		s := string(b)
-		end := strings.LastIndexByte(s, ')')
-		if end < 0 {
-			continue
-		}
-		fields := strings.Fields(s[end+1:])
-		if len(fields) > 1 && fields[1] == me {
-			out = append(out, s[strings.IndexByte(s, '(')+1:end])
-		}
-	}
-	return out
-}
