@@ -11,7 +11,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/reconciler"
-	natssink "github.com/student-bridge/student-bridge/sink/nats"
+	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // FuzzEventRoundTrip: whatever a Student holds, the event built for it is a

@@ -1,5 +1,5 @@
 // Package sink defines where the bridge sends CloudEvents. The reconciler
-// depends on this interface only; concrete sinks (sink/nats) are wired by cmd.
+// depends on this interface only; concrete sinks (sink/natssink) are wired by cmd.
 package sink
 
 import (

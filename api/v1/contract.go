@@ -1,5 +1,7 @@
 package v1
 
+import "strings"
+
 // Finalizer holds a Student until its deleted event has been acknowledged by
 // the broker, so deletes are never lost, even while the bridge is down.
 const Finalizer = "example.k8s.io/student-bridge"
@@ -7,16 +9,16 @@ const Finalizer = "example.k8s.io/student-bridge"
 // CloudEvent types, one per operation, in reverse-DNS form.
 const (
 	// EventTypeCreated is published the first time the bridge sees a Student.
-	EventTypeCreated = "io.k8s.example.student.created"
+	EventTypeCreated = eventTypePrefix + OperationCreated
 	// EventTypeUpdated is published when a Student's spec or labels changed
 	// since what was last published.
-	EventTypeUpdated = "io.k8s.example.student.updated"
+	EventTypeUpdated = eventTypePrefix + OperationUpdated
 	// EventTypeDeleted is published once when a Student is deleted; it
 	// carries the Student's final state.
-	EventTypeDeleted = "io.k8s.example.student.deleted"
+	EventTypeDeleted = eventTypePrefix + OperationDeleted
 	// EventTypeSnapshot is a replayed copy of a Student's current state, sent
 	// on request or at startup; it is not a change.
-	EventTypeSnapshot = "io.k8s.example.student.snapshot"
+	EventTypeSnapshot = eventTypePrefix + OperationSnapshot
 )
 
 // Operations name the last token of the default NATS subjects
@@ -43,3 +45,18 @@ const (
 	// not help until the Student changes.
 	ReasonInvalid = "InvalidEvent"
 )
+
+// eventTypePrefix is what every Student CloudEvent type starts with; the
+// operation follows it.
+const eventTypePrefix = "io.k8s.example.student."
+
+// Operation returns the operation of a Student CloudEvent type ("created"
+// for EventTypeCreated), the last token of its default subject. A type that
+// is not a Student event type returns its last dot-separated token, so
+// subjects stay well formed.
+func Operation(eventType string) string {
+	if op, ok := strings.CutPrefix(eventType, eventTypePrefix); ok {
+		return op
+	}
+	return eventType[strings.LastIndexByte(eventType, '.')+1:]
+}

@@ -18,7 +18,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
-func newDevCommand(setupLog func(), configFile *string) *cobra.Command {
+func newDevCommand(setupLog logSetup, configFile *string) *cobra.Command {
 	var (
 		dir      string
 		assets   string
@@ -42,7 +42,7 @@ All flags of the bridge itself apply; nats.urls and leader election are set by d
 	cmd.Flags().IntVar(&natsPort, "nats-port", 4222, "Port of the embedded NATS server.")
 	loader := config.New(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		setupLog()
+		setupLog(true)
 		cfg, err := loader.Load(*configFile)
 		if err != nil {
 			return err

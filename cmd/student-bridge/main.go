@@ -22,6 +22,8 @@ import (
 )
 
 func main() {
+	// Commands return their errors without printing them (SilenceErrors):
+	// printed here, once.
 	if err := newRootCommand().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
@@ -47,14 +49,24 @@ func signalContext(beforeExit func()) (context.Context, context.CancelFunc) {
 	return ctx, cancel
 }
 
-// addLogFlags registers the zap logging flags (--zap-log-level, --zap-devel,
-// ...) and returns a function that installs the logger once flags are parsed.
-func addLogFlags(fs *pflag.FlagSet) func() {
+// logSetup installs the logger once flags are parsed. console asks for
+// lines a person reads in a terminal (the commands people type); the bridge
+// itself logs JSON for log collectors. --zap-encoder wins either way.
+type logSetup func(console bool)
+
+// addLogFlags registers the zap logging flags (--zap-log-level,
+// --zap-encoder, ...) and returns the logSetup that applies them.
+func addLogFlags(fs *pflag.FlagSet) logSetup {
 	opts := zap.Options{Development: false}
 	gfs := flag.NewFlagSet("log", flag.ContinueOnError)
 	opts.BindFlags(gfs)
 	fs.AddGoFlagSet(gfs)
-	return func() { ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts))) }
+	return func(console bool) {
+		if console && opts.NewEncoder == nil {
+			zap.ConsoleEncoder()(&opts)
+		}
+		ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+	}
 }
 
 func newRootCommand() *cobra.Command {
@@ -71,14 +83,15 @@ Student.
 Configuration comes from defaults, the --config file, STUDENT_BRIDGE_* environment
 variables and flags, each overriding the one before. Every key, its default and
 its environment variable are listed in configs/student-bridge.yaml.`,
-		SilenceUsage: true,
-		Args:         cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
 	}
 	cmd.PersistentFlags().StringVar(&configFile, "config", "", "Path to a YAML config file (see configs/student-bridge.yaml).")
 	loader := config.New(cmd.Flags())
 	setupLog := addLogFlags(cmd.PersistentFlags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		setupLog()
+		setupLog(false)
 		cfg, err := loader.Load(configFile)
 		if err != nil {
 			return err

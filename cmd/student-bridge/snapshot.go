@@ -9,11 +9,12 @@ import (
 	"github.com/spf13/cobra"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/student-bridge/student-bridge/internal/bridge"
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/natsconn"
 )
 
-func newSnapshotCommand(setupLog func(), configFile *string) *cobra.Command {
+func newSnapshotCommand(setupLog logSetup, configFile *string) *cobra.Command {
 	var (
 		namespace string
 		timeout   time.Duration
@@ -33,9 +34,9 @@ The same request works without this command:
 	}
 	cmd.Flags().StringVar(&namespace, "namespace", "", "Only Students of this namespace; default all.")
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "How long to wait for the bridge's answer.")
-	loader := config.NewSnapshotClient(cmd.Flags())
+	loader := config.NewSnapshotLoader(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		setupLog()
+		setupLog(true)
 		cfg, err := loader.Load(*configFile)
 		if err != nil {
 			return err
@@ -44,17 +45,17 @@ The same request works without this command:
 			return errors.New("config key snapshot.requestSubject is empty: snapshot requests are disabled")
 		}
 		cfg.NATS.MaxReconnects = 0
-		nc, err := bridge.ConnectNATS(cfg.NATS, ctrl.Log.WithName("nats"))
+		nc, err := natsconn.Connect(cfg.NATS, ctrl.Log.WithName("nats"))
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
-		body, _ := json.Marshal(bridge.SnapshotRequest{Namespace: namespace})
+		body, _ := json.Marshal(studentv1.SnapshotRequest{Namespace: namespace})
 		msg, err := nc.Request(cfg.Snapshot.RequestSubject, body, timeout)
 		if err != nil {
 			return fmt.Errorf("snapshot request on %s (is a bridge with snapshot requests enabled running and leading?): %w", cfg.Snapshot.RequestSubject, err)
 		}
-		var reply bridge.SnapshotReply
+		var reply studentv1.SnapshotReply
 		if err := json.Unmarshal(msg.Data, &reply); err != nil {
 			return fmt.Errorf("snapshot reply %q: %w", msg.Data, err)
 		}

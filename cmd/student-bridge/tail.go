@@ -6,12 +6,12 @@ import (
 	"github.com/spf13/cobra"
 	ctrl "sigs.k8s.io/controller-runtime"
 
-	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/natsconn"
 	"github.com/student-bridge/student-bridge/internal/tail"
 )
 
-func newTailCommand(setupLog func(), configFile *string) *cobra.Command {
+func newTailCommand(setupLog logSetup, configFile *string) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "tail",
 		Short: "Print Student events from the JetStream stream, live or replayed",
@@ -35,7 +35,7 @@ Every flag can also be set in the config file's tail: section or by environment
 	}
 	loader := config.NewTail(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
-		setupLog()
+		setupLog(true)
 		cfg, err := loader.Load(*configFile)
 		if err != nil {
 			return err
@@ -56,7 +56,7 @@ Every flag can also be set in the config file's tail: section or by environment
 		if cfg.Tail.Since != "" {
 			o.Since, _ = config.SinceTime(cfg.Tail.Since, time.Now()) // validated by Load
 		}
-		nc, err := bridge.ConnectNATS(cfg.NATS, ctrl.Log.WithName("nats"))
+		nc, err := natsconn.Connect(cfg.NATS, ctrl.Log.WithName("nats"))
 		if err != nil {
 			return err
 		}

@@ -34,9 +34,10 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/natsconn"
 	"github.com/student-bridge/student-bridge/internal/kubeevents"
 	"github.com/student-bridge/student-bridge/reconciler"
-	natssink "github.com/student-bridge/student-bridge/sink/nats"
+	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // Scheme knows the built-in Kubernetes types and Student.
@@ -49,7 +50,7 @@ func Scheme() *runtime.Scheme {
 
 // Run runs the bridge until ctx is cancelled, then shuts down gracefully:
 // in-flight publishes and status writes finish (bounded by
-// cfg.ShutdownGrace) before the NATS connection is drained.
+// cfg.ShutdownTimeout) before the NATS connection is drained.
 func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	log := ctrl.Log.WithName("bridge")
 	log.Info("starting", "nats", config.Redacted(cfg.NATS.URLs), "mode", cfg.NATS.Mode, "encoding", cfg.NATS.Encoding,
@@ -60,7 +61,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 		return fmt.Errorf("config key nats.subjectLayout: %w", err)
 	}
 
-	nc, err := ConnectNATS(cfg.NATS, ctrl.Log.WithName("nats"))
+	nc, err := natsconn.Connect(cfg.NATS, ctrl.Log.WithName("nats"))
 	if err != nil {
 		return err
 	}
@@ -72,12 +73,18 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 		}
 	}()
 
-	pub, err := natssink.NewPublisher(nc, natssink.Config{
+	pcfg := natssink.Config{
 		Mode:       natssink.Mode(cfg.NATS.Mode),
 		Encoding:   natssink.Encoding(cfg.NATS.Encoding),
 		Layout:     layout,
 		AckTimeout: cfg.NATS.AckTimeout,
-	})
+	}
+	if pcfg.Mode == natssink.JetStream {
+		// An ack from another stream that happens to capture the subject
+		// is not the store consumers replay from.
+		pcfg.Stream = cfg.NATS.Stream.Name
+	}
+	pub, err := natssink.NewPublisher(nc, pcfg)
 	if err != nil {
 		return err
 	}
@@ -121,10 +128,10 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 		Cluster:   cfg.Cluster,
 		Timeout:   cfg.NATS.AckTimeout + 30*time.Second,
 	}
-	if cfg.Events {
+	if cfg.KubernetesEvents {
 		rec, err := kubeevents.New(mgr.GetClient(), mgr.GetScheme(), kubeevents.Options{
 			Controller: reconciler.ControllerName,
-			QPS:        cfg.EventsQPS,
+			QPS:        cfg.KubernetesEventsQPS,
 			Log:        log.WithName("events"),
 			// Every worker busy: changes are waiting for the API server,
 			// and Events would only take capacity from them.
@@ -193,7 +200,7 @@ func newManager(cfg *config.Config, restCfg *rest.Config) (manager.Manager, erro
 			leNamespace = "default"
 		}
 	}
-	grace := cfg.ShutdownGrace
+	grace := cfg.ShutdownTimeout
 	le := cfg.LeaderElection
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                  Scheme(),

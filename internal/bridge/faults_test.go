@@ -158,12 +158,12 @@ func TestBinaryMode(t *testing.T) {
 	}
 	r := waitStream(t, nc, cfg.NATS.Stream.Name, 1)[0]
 	for h, want := range map[string]string{
-		"ce-specversion": "1.0",
-		"ce-type":        studentv1.EventTypeCreated,
-		"ce-source":      "/clusters/test/apis/example.k8s.io/v1/students",
-		"ce-subject":     ns + "/object-name",
-		"ce-id":          r.Header.Get("Nats-Msg-Id"),
-		"Content-Type":   "application/json",
+		"ce-specversion":     "1.0",
+		"ce-type":            studentv1.EventTypeCreated,
+		"ce-source":          "/clusters/test/apis/example.k8s.io/v1/students",
+		"ce-subject":         ns + "/object-name",
+		"ce-id":              r.Header.Get("Nats-Msg-Id"),
+		"ce-datacontenttype": "application/json",
 	} {
 		if got := r.Header.Get(h); got != want || got == "" {
 			t.Errorf("header %s = %q, want %q", h, got, want)

@@ -2,6 +2,7 @@ package bridge_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync/atomic"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zapcore"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -71,8 +73,27 @@ func testConfig(t *testing.T, ns, prefix string) *config.Config {
 	cfg.HealthAddr = "0"
 	cfg.Retry.BaseDelay = 50 * time.Millisecond
 	cfg.Retry.MaxDelay = 500 * time.Millisecond
-	cfg.ShutdownGrace = 10 * time.Second
+	cfg.ShutdownTimeout = 10 * time.Second
+	// The stream outlives the bridge on the shared server: remove it, so a
+	// second round of the tests (-count=2) starts from an empty stream.
+	t.Cleanup(func() { deleteStream(t, cfg.NATS.Stream.Name) })
 	return cfg
+}
+
+func deleteStream(t *testing.T, name string) {
+	t.Helper()
+	nc, err := nats.Connect(st.NATS.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(context.Background(), name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("delete stream %s: %v", name, err)
+	}
 }
 
 // startBridge runs the bridge until the returned stop is called (or the

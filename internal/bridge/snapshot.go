@@ -13,23 +13,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/reconciler"
 )
-
-// SnapshotRequest is the body of a request on snapshot.requestSubject. An
-// empty body asks for every namespace.
-type SnapshotRequest struct {
-	Namespace string `json:"namespace,omitempty"`
-}
-
-// SnapshotReply is the leader's answer.
-type SnapshotReply struct {
-	// Run identifies the snapshot; its events' ids derive from it.
-	Run string `json:"run"`
-	// Published counts the snapshot events acknowledged by the stream.
-	Published int    `json:"published"`
-	Error     string `json:"error,omitempty"`
-}
 
 // snapshotServer publishes snapshots at startup and on request. It runs on
 // the leader only, so one replica answers.
@@ -88,8 +74,8 @@ func (s *snapshotServer) startup(ctx context.Context) {
 }
 
 func (s *snapshotServer) serve(ctx context.Context, msg *nats.Msg) {
-	var req SnapshotRequest
-	reply := SnapshotReply{Run: s.newRun("request")}
+	var req studentv1.SnapshotRequest
+	reply := studentv1.SnapshotReply{Run: s.newRun("request")}
 	if len(msg.Data) > 0 {
 		if err := json.Unmarshal(msg.Data, &req); err != nil {
 			reply.Error = fmt.Sprintf("bad request: %v", err)

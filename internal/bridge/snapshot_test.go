@@ -8,7 +8,6 @@ import (
 	"time"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/internal/bridge"
 )
 
 // TestSnapshots: a bridge with snapshot.onStartup publishes one snapshot
@@ -42,14 +41,14 @@ func TestSnapshots(t *testing.T) {
 		t.Errorf("snapshot covers %s twice", startup[0].Data.Metadata.Name)
 	}
 
-	request := func(namespace string) bridge.SnapshotReply {
+	request := func(namespace string) studentv1.SnapshotReply {
 		t.Helper()
-		body, _ := json.Marshal(bridge.SnapshotRequest{Namespace: namespace})
+		body, _ := json.Marshal(studentv1.SnapshotRequest{Namespace: namespace})
 		msg, err := nc.Request(cfg.Snapshot.RequestSubject, body, 20*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var reply bridge.SnapshotReply
+		var reply studentv1.SnapshotReply
 		if err := json.Unmarshal(msg.Data, &reply); err != nil {
 			t.Fatal(err)
 		}

@@ -33,12 +33,12 @@ type Config struct {
 	MetricsAddr    string         `mapstructure:"metricsAddr"`
 	HealthAddr     string         `mapstructure:"healthAddr"`
 	PprofAddr      string         `mapstructure:"pprofAddr"`
-	Events         bool           `mapstructure:"kubernetesEvents"`
-	EventsQPS      float64        `mapstructure:"kubernetesEventsQPS"`
+	KubernetesEvents    bool    `mapstructure:"kubernetesEvents"`
+	KubernetesEventsQPS float64 `mapstructure:"kubernetesEventsQPS"`
 	LeaderElection LeaderElection `mapstructure:"leaderElection"`
 	Retry          Retry          `mapstructure:"retry"`
 	NATS           NATS           `mapstructure:"nats"`
-	ShutdownGrace  time.Duration  `mapstructure:"shutdownTimeout"`
+	ShutdownTimeout time.Duration `mapstructure:"shutdownTimeout"`
 	Snapshot       Snapshot       `mapstructure:"snapshot"`
 	Tail           Tail           `mapstructure:"tail"`
 }
@@ -144,32 +144,32 @@ var Settings = []Setting{
 	{"namespaces", "namespaces", []string{}, "Namespaces to watch, comma separated. Empty watches all namespaces."},
 	{"labelSelector", "label-selector", "", "Only Students matching this label selector are published."},
 	{"workers", "workers", 16, "Students reconciled concurrently; each waits for its JetStream ack and API writes, so this bounds throughput."},
-	{"kubeAPIQPS", "kube-api-qps", "500", "Requests per second the bridge may send to the Kubernetes API (finalizers, status, Events)."},
+	{"kubeAPIQPS", "kube-api-qps", float32(500), "Requests per second the bridge may send to the Kubernetes API (finalizers, status, Events)."},
 	{"kubeAPIBurst", "kube-api-burst", 1000, "Burst above kubeAPIQPS."},
 	{"metricsAddr", "metrics-bind-address", ":8080", "Address of the Prometheus /metrics endpoint; \"0\" disables it."},
 	{"healthAddr", "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; \"0\" disables them."},
 	{"pprofAddr", "pprof-bind-address", "", "Address of the Go pprof endpoints (/debug/pprof/); empty disables them. Do not expose it."},
 	{"kubernetesEvents", "kubernetes-events", true, "Record a Kubernetes Event on the Student for every publish and failure."},
-	{"kubernetesEventsQPS", "kubernetes-events-qps", "50", "Most Kubernetes Events written per second. Events wait in a queue of 1000 and beyond it are dropped and counted: they never slow publishing."},
-	{"shutdownTimeout", "shutdown-timeout", "30s", "How long a graceful shutdown waits for in-flight publishes."},
+	{"kubernetesEventsQPS", "kubernetes-events-qps", float64(50), "Most Kubernetes Events written per second. Events wait in a queue of 1000 and beyond it are dropped and counted: they never slow publishing."},
+	{"shutdownTimeout", "shutdown-timeout", dur("30s"), "How long a graceful shutdown waits for in-flight publishes."},
 	{"leaderElection.enabled", "leader-elect", true, "Use a Lease so that only one replica publishes at a time."},
 	{"leaderElection.namespace", "leader-election-namespace", "", "Namespace of the Lease; defaults to the pod's namespace in-cluster, else \"default\"."},
 	{"leaderElection.id", "leader-election-id", "student-bridge.example.k8s.io", "Name of the Lease."},
-	{"leaderElection.leaseDuration", "leader-election-lease-duration", "15s", "How long a standby waits after the leader's last renewal before it takes over."},
-	{"leaderElection.renewDeadline", "leader-election-renew-deadline", "10s", "How long the leader keeps trying to renew before it steps down."},
-	{"leaderElection.retryPeriod", "leader-election-retry-period", "2s", "How often replicas try to acquire or renew the Lease."},
-	{"retry.baseDelay", "retry-base-delay", "500ms", "First delay before a failed publish is retried; it doubles on each failure."},
-	{"retry.maxDelay", "retry-max-delay", "1m", "Longest delay between retries of a failed publish."},
+	{"leaderElection.leaseDuration", "leader-election-lease-duration", dur("15s"), "How long a standby waits after the leader's last renewal before it takes over."},
+	{"leaderElection.renewDeadline", "leader-election-renew-deadline", dur("10s"), "How long the leader keeps trying to renew before it steps down."},
+	{"leaderElection.retryPeriod", "leader-election-retry-period", dur("2s"), "How often replicas try to acquire or renew the Lease."},
+	{"retry.baseDelay", "retry-base-delay", dur("500ms"), "First delay before a failed publish is retried; it doubles on each failure."},
+	{"retry.maxDelay", "retry-max-delay", dur("1m"), "Longest delay between retries of a failed publish."},
 	{"nats.urls", "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma separated."},
 	{"nats.name", "nats-name", "student-bridge", "Connection name shown by the NATS server."},
 	{"nats.mode", "nats-mode", "jetstream", "jetstream: wait for the stream's ack (at-least-once). core: publish and flush (at-most-once)."},
 	{"nats.encoding", "nats-encoding", "structured", "CloudEvents NATS binding mode: structured (JSON body) or binary (ce-* headers)."},
 	{"nats.subjectPrefix", "subject-prefix", "student", "First token of every subject."},
 	{"nats.subjectLayout", "subject-layout", "{prefix}.{op}", "Subject layout; tokens {prefix} {op} {namespace} {name}. Must start with {prefix}."},
-	{"nats.connectTimeout", "nats-connect-timeout", "5s", "Timeout of one connection attempt."},
-	{"nats.reconnectWait", "nats-reconnect-wait", "2s", "Wait between reconnection attempts."},
+	{"nats.connectTimeout", "nats-connect-timeout", dur("5s"), "Timeout of one connection attempt."},
+	{"nats.reconnectWait", "nats-reconnect-wait", dur("2s"), "Wait between reconnection attempts."},
 	{"nats.maxReconnects", "nats-max-reconnects", -1, "Reconnection attempts before giving up; -1 retries forever."},
-	{"nats.ackTimeout", "nats-ack-timeout", "5s", "How long one publish waits for the JetStream acknowledgement."},
+	{"nats.ackTimeout", "nats-ack-timeout", dur("5s"), "How long one publish waits for the JetStream acknowledgement."},
 	{"nats.auth.user", "nats-user", "", "NATS user name (password from nats.auth.passwordFile or STUDENT_BRIDGE_NATS_AUTH_PASSWORD)."},
 	{"nats.auth.password", "", "", "NATS password; set it by environment variable, not in a file in version control."},
 	{"nats.auth.passwordFile", "nats-password-file", "", "File holding the NATS password."},
@@ -184,11 +184,11 @@ var Settings = []Setting{
 	{"nats.stream.create", "stream-create", true, "Create the stream if it is missing. An existing stream is never changed."},
 	{"nats.stream.storage", "stream-storage", "file", "Storage of a created stream: file or memory."},
 	{"nats.stream.replicas", "stream-replicas", 1, "Replicas of a created stream (3 on a 3-node cluster)."},
-	{"nats.stream.maxAge", "stream-max-age", "0s", "Drop events older than this; 0 keeps them (bounded by the size limits)."},
-	{"nats.stream.maxBytes", "stream-max-bytes", 0, "Size limit of a created stream in bytes; 0 is unlimited."},
-	{"nats.stream.maxMsgs", "stream-max-msgs", 0, "Message limit of a created stream; 0 is unlimited."},
+	{"nats.stream.maxAge", "stream-max-age", dur("0s"), "Drop events older than this; 0 keeps them (bounded by the size limits)."},
+	{"nats.stream.maxBytes", "stream-max-bytes", int64(0), "Size limit of a created stream in bytes; 0 is unlimited."},
+	{"nats.stream.maxMsgs", "stream-max-msgs", int64(0), "Message limit of a created stream; 0 is unlimited."},
 	{"nats.stream.discard", "stream-discard", "old", "When a created stream is full: old drops the oldest events, new refuses new ones (the bridge retries)."},
-	{"nats.stream.duplicates", "stream-duplicate-window", "2m", "Window in which the stream drops an event whose id it already stored."},
+	{"nats.stream.duplicates", "stream-duplicate-window", dur("2m"), "Window in which the stream drops an event whose id it already stored."},
 	{"snapshot.onStartup", "snapshot-on-startup", false, "Publish a snapshot event (student.snapshot) of every Student when the bridge becomes leader."},
 	{"snapshot.requestSubject", "snapshot-request-subject", "student-bridge.snapshot", "NATS subject on which the leader answers snapshot requests; empty disables them. Must not be under the stream's subjects."},
 }
@@ -200,7 +200,7 @@ var TailSettings = []Setting{
 	{"tail.output", "output", "text", "text: one readable line per event; json: one CloudEvent JSON object per line."},
 	{"tail.deliver", "deliver", "new", "new: only events from now on; all: the whole stream; last: the last event of every Student, then new ones; since: from tail.since; sequence: from tail.fromSequence."},
 	{"tail.since", "since", "", "With deliver=since: an RFC 3339 time or a duration back from now, e.g. 1h."},
-	{"tail.fromSequence", "from-sequence", 0, "With deliver=sequence: the first stream sequence to print."},
+	{"tail.fromSequence", "from-sequence", uint64(0), "With deliver=sequence: the first stream sequence to print."},
 	{"tail.durable", "durable", "", "Name of a durable consumer: a restarted tail resumes after the last event it printed."},
 	{"tail.follow", "follow", true, "Keep waiting for new events; false exits once the stream is read to its end."},
 }
@@ -234,9 +234,9 @@ func NewTail(fs *pflag.FlagSet) *Loader {
 	return l
 }
 
-// NewSnapshotClient returns the Loader of `student-bridge snapshot`: the NATS
+// NewSnapshotLoader returns the Loader of `student-bridge snapshot`: the NATS
 // connection flags and snapshot.requestSubject.
-func NewSnapshotClient(fs *pflag.FlagSet) *Loader {
+func NewSnapshotLoader(fs *pflag.FlagSet) *Loader {
 	l := newLoader()
 	l.validate = (*Config).validateConnection
 	l.addFlags(fs, connectionSettings())
@@ -295,6 +295,16 @@ func (l *Loader) addFlags(fs *pflag.FlagSet, settings []Setting) {
 			fs.BoolP(s.Flag, short, d, s.Help)
 		case int:
 			fs.IntP(s.Flag, short, d, s.Help)
+		case int64:
+			fs.Int64P(s.Flag, short, d, s.Help)
+		case uint64:
+			fs.Uint64P(s.Flag, short, d, s.Help)
+		case float32:
+			fs.Float32P(s.Flag, short, d, s.Help)
+		case float64:
+			fs.Float64P(s.Flag, short, d, s.Help)
+		case time.Duration:
+			fs.DurationP(s.Flag, short, d, s.Help)
 		case []string:
 			fs.StringSliceP(s.Flag, short, d, s.Help)
 		default:
@@ -302,6 +312,16 @@ func (l *Loader) addFlags(fs *pflag.FlagSet, settings []Setting) {
 		}
 		_ = l.v.BindPFlag(s.Key, fs.Lookup(s.Flag))
 	}
+}
+
+// dur parses a default duration; the defaults are constants, so a bad one is
+// a programming error.
+func dur(s string) time.Duration {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		panic(err)
+	}
+	return d
 }
 
 // EnvName is the environment variable of key.
@@ -398,8 +418,8 @@ func (c *Config) Validate() error {
 		return bad("kubeAPIQPS", "%v must be positive", c.KubeAPIQPS)
 	case c.KubeAPIBurst < 1:
 		return bad("kubeAPIBurst", "%d must be at least 1", c.KubeAPIBurst)
-	case c.Events && c.EventsQPS <= 0:
-		return bad("kubernetesEventsQPS", "%v must be positive (or set kubernetesEvents to false)", c.EventsQPS)
+	case c.KubernetesEvents && c.KubernetesEventsQPS <= 0:
+		return bad("kubernetesEventsQPS", "%v must be positive (or set kubernetesEvents to false)", c.KubernetesEventsQPS)
 	case c.LeaderElection.Enabled && (c.LeaderElection.RetryPeriod <= 0 || c.LeaderElection.RenewDeadline <= c.LeaderElection.RetryPeriod):
 		return bad("leaderElection.renewDeadline", "%s must be longer than leaderElection.retryPeriod (%s), which must be positive", c.LeaderElection.RenewDeadline, c.LeaderElection.RetryPeriod)
 	case c.LeaderElection.Enabled && c.LeaderElection.LeaseDuration <= c.LeaderElection.RenewDeadline:
@@ -408,8 +428,8 @@ func (c *Config) Validate() error {
 		return bad("retry.baseDelay", "%s must be positive", c.Retry.BaseDelay)
 	case c.Retry.MaxDelay < c.Retry.BaseDelay:
 		return bad("retry.maxDelay", "%s must be at least retry.baseDelay (%s)", c.Retry.MaxDelay, c.Retry.BaseDelay)
-	case c.ShutdownGrace <= 0:
-		return bad("shutdownTimeout", "%s must be positive", c.ShutdownGrace)
+	case c.ShutdownTimeout <= 0:
+		return bad("shutdownTimeout", "%s must be positive", c.ShutdownTimeout)
 	case c.LeaderElection.Enabled && c.LeaderElection.ID == "":
 		return bad("leaderElection.id", "must be set when leader election is enabled")
 	case c.NATS.Mode != "jetstream" && c.NATS.Mode != "core":

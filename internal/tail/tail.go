@@ -20,7 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	natssink "github.com/student-bridge/student-bridge/sink/nats"
+	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // Deliver policies: where in the stream reading starts.
@@ -320,8 +320,7 @@ func (p printer) print(h *held) error {
 // operation, namespace/name, generation, and the spec (on updates, what
 // changed).
 func Line(seq uint64, ev *cloudevents.Event) string {
-	typ := ev.Type()
-	op := typ[strings.LastIndexByte(typ, '.')+1:]
+	op := studentv1.Operation(ev.Type())
 	var d studentv1.StudentEventData
 	if err := json.Unmarshal(ev.Data(), &d); err != nil {
 		return fmt.Sprintf("%s #%d %-8s %s (data: %v)", ev.Time().UTC().Format(time.RFC3339), seq, op, ev.Subject(), err)

@@ -19,7 +19,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/tail"
 	"github.com/student-bridge/student-bridge/reconciler"
-	natssink "github.com/student-bridge/student-bridge/sink/nats"
+	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 type fixture struct {

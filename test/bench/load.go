@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -274,8 +273,4 @@ func apply(ctx context.Context, c client.Client, ns string, ch *change) {
 		ch.err = c.Delete(ctx, &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: ch.name}})
 	}
 	ch.doneAt = time.Now()
-}
-
-func opOf(eventType string) string {
-	return eventType[strings.LastIndexByte(eventType, '.')+1:]
 }

@@ -26,7 +26,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/reconciler"
-	natssink "github.com/student-bridge/student-bridge/sink/nats"
+	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // A variant is started before the generator runs and stopped after the
@@ -80,7 +80,7 @@ func subscribe(ctx context.Context, e *env, r *run) (func(), error) {
 		if json.Unmarshal(ev.Data(), &d) != nil {
 			return
 		}
-		r.tr.receive(receipt{name: d.Metadata.Name, op: opOf(ev.Type()), gen: d.Metadata.Generation, id: ev.ID(), at: at})
+		r.tr.receive(receipt{name: d.Metadata.Name, op: studentv1.Operation(ev.Type()), gen: d.Metadata.Generation, id: ev.ID(), at: at})
 	})
 	if err != nil {
 		return nil, err
@@ -199,7 +199,7 @@ func startBridge(ctx context.Context, e *env, r *run, kubeEvents bool) (func(), 
 	cfg.NATS.Stream.Name = r.stream
 	cfg.LeaderElection.Enabled = false
 	cfg.MetricsAddr, cfg.HealthAddr = "0", "0"
-	cfg.Events = kubeEvents
+	cfg.KubernetesEvents = kubeEvents
 	cfg.Snapshot.RequestSubject = ""
 	if w := os.Getenv("BENCH_WORKERS"); w != "" {
 		cfg.Workers, _ = strconv.Atoi(w)

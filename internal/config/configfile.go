@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"strings"
+	"time"
 )
 
 // DocumentedYAML renders the config file that documents every key with its
@@ -51,6 +52,16 @@ func yamlValue(v any) string {
 			return fmt.Sprintf("%q", d)
 		}
 		return d
+	case time.Duration:
+		// 1m rather than 1m0s, as people write it.
+		out := d.String()
+		if strings.HasSuffix(out, "m0s") {
+			out = strings.TrimSuffix(out, "0s")
+		}
+		if strings.HasSuffix(out, "h0m") {
+			out = strings.TrimSuffix(out, "0m")
+		}
+		return out
 	}
 	return fmt.Sprint(v)
 }

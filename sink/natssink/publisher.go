@@ -1,6 +1,6 @@
-// Package nats publishes CloudEvents on NATS, with JetStream acknowledgement
+// Package natssink publishes CloudEvents on NATS, with JetStream acknowledgement
 // by default, following the CloudEvents NATS protocol binding.
-package nats
+package natssink
 
 import (
 	"context"
@@ -57,10 +57,10 @@ var _ sink.Sink = (*Publisher)(nil)
 // NewPublisher returns a Publisher on nc.
 func NewPublisher(nc *nats.Conn, cfg Config) (*Publisher, error) {
 	if nc == nil {
-		return nil, errors.New("nats: nil connection")
+		return nil, errors.New("natssink: nil connection")
 	}
 	if cfg.Layout.layout == "" {
-		return nil, errors.New("nats: subject layout not set")
+		return nil, errors.New("natssink: subject layout not set")
 	}
 	if cfg.Mode == "" {
 		cfg.Mode = JetStream
@@ -76,15 +76,15 @@ func NewPublisher(nc *nats.Conn, cfg Config) (*Publisher, error) {
 	case JetStream:
 		js, err := jetstream.New(nc)
 		if err != nil {
-			return nil, fmt.Errorf("nats: jetstream: %w", err)
+			return nil, fmt.Errorf("natssink: jetstream: %w", err)
 		}
 		p.js = js
 	case Core:
 	default:
-		return nil, fmt.Errorf("nats: unknown mode %q", cfg.Mode)
+		return nil, fmt.Errorf("natssink: unknown mode %q", cfg.Mode)
 	}
 	if cfg.Encoding != Structured && cfg.Encoding != Binary {
-		return nil, fmt.Errorf("nats: unknown encoding %q", cfg.Encoding)
+		return nil, fmt.Errorf("natssink: unknown encoding %q", cfg.Encoding)
 	}
 	return p, nil
 }

@@ -1,4 +1,7 @@
-package bridge
+// Package natsconn opens the NATS connection of the bridge and its
+// commands: reconnection, authentication, TLS and the connection metrics.
+// Secrets are never logged.
+package natsconn
 
 import (
 	"crypto/tls"
@@ -35,12 +38,38 @@ func init() {
 	metrics.Registry.MustRegister(natsConnected, natsReconnects, natsDisconnects)
 }
 
-// ConnectNATS connects to NATS as configured. An unreachable server is not an
+// Connect connects to NATS as configured. An unreachable server is not an
 // error: the connection keeps retrying in the background (publishes fail
-// with sink.ErrNotConnected meanwhile and are retried). Bad credentials
-// files are errors. Secrets are never logged.
-func ConnectNATS(c config.NATS, log logr.Logger) (*nats.Conn, error) {
-	opts := []nats.Option{
+// with sink.ErrNotConnected meanwhile and are retried). Refused credentials,
+// untrusted certificates and unreadable credential files are errors.
+func Connect(c config.NATS, log logr.Logger) (*nats.Conn, error) {
+	auth, err := authOptions(c)
+	if err != nil {
+		return nil, err
+	}
+	opts := append(stateOptions(c, log), auth...)
+
+	// A first attempt tells refused credentials and untrusted certificates,
+	// which retrying cannot fix, from an unreachable server, which it can.
+	nc, err := nats.Connect(c.URLs, opts...)
+	if err == nil {
+		return nc, nil
+	}
+	if fatal := fatalConnectError(err); fatal != nil {
+		return nil, fmt.Errorf("connect to NATS %s: %w", config.Redacted(c.URLs), fatal)
+	}
+	log.Info("NATS not reachable yet; retrying in the background", "urls", config.Redacted(c.URLs), "reason", err.Error(), "reconnectWait", c.ReconnectWait.String())
+	nc, err = nats.Connect(c.URLs, append(opts, nats.RetryOnFailedConnect(true))...)
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS %s: %w", config.Redacted(c.URLs), err)
+	}
+	return nc, nil
+}
+
+// stateOptions configure reconnection and report the connection's state in
+// the log and the metrics.
+func stateOptions(c config.NATS, log logr.Logger) []nats.Option {
+	return []nats.Option{
 		nats.Name(c.Name),
 		nats.Timeout(c.ConnectTimeout),
 		nats.ReconnectWait(c.ReconnectWait),
@@ -50,7 +79,7 @@ func ConnectNATS(c config.NATS, log logr.Logger) (*nats.Conn, error) {
 		nats.ReconnectBufSize(-1),
 		nats.ConnectHandler(func(nc *nats.Conn) {
 			natsConnected.Set(1)
-			log.Info("connected to NATS", "server", nc.ConnectedUrlRedacted())
+			log.V(1).Info("connected to NATS", "server", nc.ConnectedUrlRedacted())
 		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			natsConnected.Set(0)
@@ -69,7 +98,12 @@ func ConnectNATS(c config.NATS, log logr.Logger) (*nats.Conn, error) {
 			log.Error(err, "NATS error")
 		}),
 	}
+}
 
+// authOptions turn nats.auth.* and nats.tls.* into connection options,
+// reading secrets from their files.
+func authOptions(c config.NATS) ([]nats.Option, error) {
+	var opts []nats.Option
 	a := c.Auth
 	password, err := secret(a.Password, a.PasswordFile, "nats.auth.passwordFile")
 	if err != nil {
@@ -104,22 +138,7 @@ func ConnectNATS(c config.NATS, log logr.Logger) (*nats.Conn, error) {
 	if c.TLS.CertFile != "" {
 		opts = append(opts, nats.ClientCert(c.TLS.CertFile, c.TLS.KeyFile))
 	}
-
-	// A first attempt tells refused credentials and untrusted certificates,
-	// which retrying cannot fix, from an unreachable server, which it can.
-	nc, err := nats.Connect(c.URLs, opts...)
-	if err == nil {
-		return nc, nil
-	}
-	if fatal := fatalConnectError(err); fatal != nil {
-		return nil, fmt.Errorf("connect to NATS %s: %w", config.Redacted(c.URLs), fatal)
-	}
-	log.Info("NATS not reachable yet; retrying in the background", "urls", config.Redacted(c.URLs), "reason", err.Error(), "reconnectWait", c.ReconnectWait.String())
-	nc, err = nats.Connect(c.URLs, append(opts, nats.RetryOnFailedConnect(true))...)
-	if err != nil {
-		return nil, fmt.Errorf("connect to NATS %s: %w", config.Redacted(c.URLs), err)
-	}
-	return nc, nil
+	return opts, nil
 }
 
 // fatalConnectError returns err, explained, if it is one that retrying will

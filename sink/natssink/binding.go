@@ -1,4 +1,4 @@
-package nats
+package natssink
 
 import (
 	"bytes"
@@ -17,9 +17,11 @@ import (
 
 // This file implements the CloudEvents NATS protocol binding on top of the
 // sdk-go binding package: structured mode puts the JSON event in the body with
-// Content-Type application/cloudevents+json; binary mode puts each attribute in
-// a ce-<name> header and the data in the body, with Content-Type carrying
-// datacontenttype.
+// Content-Type application/cloudevents+json; binary mode puts each attribute,
+// datacontenttype included (ce-datacontenttype, as the binding spec has said
+// since 1.0.3 and sdk-go's NATS bindings read it), in a ce-<name> header and
+// the data in the body. Decoding also accepts datacontenttype in a
+// Content-Type header, as older writers send it.
 
 // Encoding selects how an event is laid out in a NATS message.
 type Encoding string
@@ -112,10 +114,6 @@ func (w *msgWriter) SetAttribute(attr spec.Attribute, value any) error {
 	if err != nil {
 		return err
 	}
-	if attr.Kind() == spec.DataContentType {
-		w.Header.Set(headerContentType, s)
-		return nil
-	}
 	w.Header.Set(headerPrefix+attr.Name(), s)
 	return nil
 }
@@ -161,11 +159,11 @@ func (m *message) GetAttribute(k spec.Kind) (spec.Attribute, any) {
 	if attr == nil {
 		return nil, nil
 	}
-	key := headerPrefix + attr.Name()
-	if k == spec.DataContentType {
-		key = headerContentType
+	v := headerValue(m.msg.Header, headerPrefix+attr.Name())
+	if v == "" && k == spec.DataContentType {
+		v = headerValue(m.msg.Header, headerContentType)
 	}
-	if v := headerValue(m.msg.Header, key); v != "" {
+	if v != "" {
 		return attr, v
 	}
 	return attr, nil

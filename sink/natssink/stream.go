@@ -1,4 +1,4 @@
-package nats
+package natssink
 
 import (
 	"context"
@@ -35,7 +35,7 @@ type StreamConfig struct {
 
 // ErrStreamConflict: the stream exists but does not capture the bridge's
 // subjects. The bridge never changes an existing stream; an operator must.
-var ErrStreamConflict = errors.New("nats: stream does not capture the bridge's subjects")
+var ErrStreamConflict = errors.New("natssink: stream does not capture the bridge's subjects")
 
 // EnsureStream returns the stream's info, creating the stream first if it is
 // missing and create is true. An existing stream is never changed: if it does

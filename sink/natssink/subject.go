@@ -1,10 +1,12 @@
-package nats
+package natssink
 
 import (
 	"fmt"
 	"strings"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 )
 
 // DefaultSubjectLayout publishes student.created, student.updated,
@@ -56,8 +58,7 @@ func (l SubjectLayout) StreamSubject() string { return l.prefix + ".>" }
 
 // Subject returns the NATS subject for event.
 func (l SubjectLayout) Subject(event cloudevents.Event) string {
-	typ := event.Type()
-	op := typ[strings.LastIndexByte(typ, '.')+1:]
+	op := studentv1.Operation(event.Type())
 	namespace, name, _ := strings.Cut(event.Subject(), "/")
 	return strings.NewReplacer(
 		"{prefix}", l.prefix,

@@ -1,4 +1,4 @@
-package nats_test
+package natssink_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	natssink "github.com/student-bridge/student-bridge/sink/nats"
+	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // A business service subscribes to student.* and decodes each message with

@@ -1,4 +1,4 @@
-package bridge_test
+package natsconn_test
 
 import (
 	"crypto/ecdsa"
@@ -21,8 +21,8 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
 
-	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/natsconn"
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
@@ -106,7 +106,7 @@ func TestNATSAuthentication(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			url := secured(t, tc.configure)
 			url = strings.Replace(url, "nats://", tc.scheme+"://", 1)
-			nc, err := bridge.ConnectNATS(natsConfig(t, url, tc.auth, tc.tls), logr.Discard())
+			nc, err := natsconn.Connect(natsConfig(t, url, tc.auth, tc.tls), logr.Discard())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -132,7 +132,7 @@ func TestNATSRefusalsAreStartupErrors(t *testing.T) {
 	serverCert := ca.issue(t, "server", false)
 
 	url := secured(t, func(o *natsserver.Options) { o.Username, o.Password = "bridge", "right" })
-	_, err := bridge.ConnectNATS(natsConfig(t, url, config.Auth{User: "bridge", PasswordFile: writeSecret(t, "pw", "wrong")}, config.TLS{}), logr.Discard())
+	_, err := natsconn.Connect(natsConfig(t, url, config.Auth{User: "bridge", PasswordFile: writeSecret(t, "pw", "wrong")}, config.TLS{}), logr.Discard())
 	if err == nil || !strings.Contains(err.Error(), "refused the credentials") {
 		t.Errorf("wrong password: %v", err)
 	}
@@ -141,7 +141,7 @@ func TestNATSRefusalsAreStartupErrors(t *testing.T) {
 	}
 
 	tlsURL := strings.Replace(secured(t, func(o *natsserver.Options) { o.TLSConfig, o.TLS = serverCert.serverConfig(nil), true }), "nats://", "tls://", 1)
-	_, err = bridge.ConnectNATS(natsConfig(t, tlsURL, config.Auth{}, config.TLS{CAFile: other.file}), logr.Discard())
+	_, err = natsconn.Connect(natsConfig(t, tlsURL, config.Auth{}, config.TLS{CAFile: other.file}), logr.Discard())
 	if err == nil || !strings.Contains(err.Error(), "certificate does not verify") {
 		t.Errorf("untrusted certificate: %v", err)
 	}
@@ -152,7 +152,7 @@ func TestNATSRefusalsAreStartupErrors(t *testing.T) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	nc, err := bridge.ConnectNATS(natsConfig(t, "nats://"+addr, config.Auth{}, config.TLS{}), logr.Discard())
+	nc, err := natsconn.Connect(natsConfig(t, "nats://"+addr, config.Auth{}, config.TLS{}), logr.Discard())
 	if err != nil {
 		t.Fatalf("unreachable server is an error instead of a retry: %v", err)
 	}
