@@ -1,5 +1,7 @@
 // Package reconciler turns Student changes into CloudEvents and Kubernetes
-// Events. It depends on the sink.Sink interface, never on a broker.
+// Events. It depends on the sink interfaces only, never on a broker: what is
+// published goes to a sink.Sink, what was published is remembered in a
+// sink.Store (Records).
 package reconciler
 
 import (
@@ -13,7 +15,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -23,9 +24,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/sink"
@@ -35,33 +38,46 @@ import (
 // its leader-election lock.
 const ControllerName = "student-bridge"
 
-// StudentReconciler publishes every change of a Student to a Sink and records
-// it as a Kubernetes Event and in the Student's status.
+// StudentReconciler publishes every change of a Student to a Sink, remembers
+// it in Records and records it as a Kubernetes Event. It never reads the
+// Student's status to decide anything.
 type StudentReconciler struct {
-	// Client reads Students from the cache and writes finalizers and status.
+	// Client reads Students from the cache and writes finalizers.
 	Client client.Client
-	// APIReader reads Students from the API server when the cache is behind
-	// (a conflict on a finalizer write); Client when nil.
+	// APIReader reads Students from the API server when the cache cannot
+	// answer: a conflict on a finalizer write, a Student that left the
+	// watched scope. Client when nil.
 	APIReader client.Reader
 	// Sink receives the CloudEvents.
 	Sink sink.Sink
+	// Records is what was published; reconciles wait until it is loaded.
+	Records *Records
+	// HoldWithFinalizer keeps a deleted Student until its deleted event is
+	// acknowledged (the exact final state). Without it the bridge writes
+	// nothing to Students, and a delete carries the watch's final state (or
+	// the last published state, for a delete that happened while the bridge
+	// was down).
+	HoldWithFinalizer bool
 	// Recorder records Kubernetes Events on Students.
 	Recorder events.EventRecorder
+	// Status writes the status view; nil writes none.
+	Status *StatusWriter
 	// Cluster names the cluster in the CloudEvent source.
 	Cluster string
 	// Now returns the current time; time.Now when nil.
 	Now func() time.Time
 	// Timeout bounds one reconcile. A reconcile is not cancelled when the
 	// bridge shuts down, so a publish that reached the broker also gets its
-	// status written; Timeout keeps shutdown bounded. Default 1m.
+	// record written; Timeout keeps shutdown bounded. Default 1m.
 	Timeout time.Duration
 
-	// published remembers what this process published and the broker
-	// acknowledged, until the cache shows the status write. Without it a
-	// reconcile that reads a stale cache, or follows a failed status write,
-	// would publish the same change again (the stream would drop the copy,
-	// but core NATS subscribers would see it twice).
-	published sync.Map // types.NamespacedName -> studentv1.PublishedEvent
+	// gone holds the last state the watch showed of deleted Students, for
+	// their deleted event when no finalizer held them.
+	gone sync.Map // types.NamespacedName -> *studentv1.Student
+	// failures holds the last publish failure per Student, for the status.
+	failures sync.Map // types.NamespacedName -> error
+	// catchUp receives the records of Students the cache does not have.
+	catchUp chan event.TypedGenericEvent[*studentv1.Student]
 
 	inFlight atomic.Int32 // reconciles running now
 }
@@ -85,20 +101,27 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
+	if err := r.Records.Wait(ctx); err != nil {
+		return ctrl.Result{}, err
+	}
 
 	var stu studentv1.Student
 	if err := r.Client.Get(ctx, req.NamespacedName, &stu); err != nil {
 		if apierrors.IsNotFound(err) {
-			return ctrl.Result{}, r.reconcileVanished(ctx, req.NamespacedName)
+			return ctrl.Result{}, r.reconcileGone(ctx, req.NamespacedName)
 		}
+		return ctrl.Result{}, err
+	}
+	// A Student deleted and created again under the same name while the
+	// bridge was away: the old one's deletion comes first.
+	if err := r.reconcileReplaced(ctx, &stu); err != nil {
 		return ctrl.Result{}, err
 	}
 
 	if !stu.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, r.reconcileDelete(ctx, &stu)
 	}
-
-	if !controllerutil.ContainsFinalizer(&stu, studentv1.Finalizer) {
+	if r.HoldWithFinalizer && !controllerutil.ContainsFinalizer(&stu, studentv1.Finalizer) {
 		if err := r.patchFinalizers(ctx, &stu, func(s *studentv1.Student) bool { return controllerutil.AddFinalizer(s, studentv1.Finalizer) }); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
 		}
@@ -110,52 +133,155 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 }
 
 func (r *StudentReconciler) reconcileNormal(ctx context.Context, stu *studentv1.Student) error {
-	orig := stu.DeepCopy()
-	last := r.lastPublished(stu)
-
-	var pubErr error
-	if typ := NextChange(stu, last); typ != "" {
-		last, pubErr = r.publish(ctx, stu, typ, last)
+	rec, ok := r.Records.Get(stu.UID)
+	var last *studentv1.PublishedEvent
+	if ok && !rec.Pending {
+		last = &rec.Published
 	}
-
-	stu.Status.ObservedGeneration = stu.Generation
-	stu.Status.LastPublished = last
-	meta.SetStatusCondition(&stu.Status.Conditions, publishedCondition(stu, last, pubErr))
-
-	if !equality.Semantic.DeepEqual(orig.Status, stu.Status) {
-		if err := r.Client.Status().Patch(ctx, stu, client.MergeFrom(orig)); err != nil {
-			return errors.Join(pubErr, fmt.Errorf("write status: %w", err))
+	if typ := NextChange(stu, last); typ != "" {
+		if err := r.publish(ctx, stu, typ, last); err != nil {
+			return err
 		}
 	}
-	return pubErr
+	r.Status.Enqueue(client.ObjectKeyFromObject(stu))
+	return nil
 }
 
 func (r *StudentReconciler) reconcileDelete(ctx context.Context, stu *studentv1.Student) error {
 	if !controllerutil.ContainsFinalizer(stu, studentv1.Finalizer) {
+		// Not held: its deletion is published when it is gone.
 		return nil
 	}
-	last := r.lastPublished(stu)
-	if typ := NextChange(stu, last); typ != "" {
-		if _, err := r.publish(ctx, stu, typ, last); err != nil {
-			// The object is going away: its status is only worth writing so
-			// that someone looking at the stuck Student sees why.
-			orig := stu.DeepCopy()
-			meta.SetStatusCondition(&stu.Status.Conditions, publishedCondition(stu, last, err))
-			if !equality.Semantic.DeepEqual(orig.Status, stu.Status) {
-				if serr := r.Client.Status().Patch(ctx, stu, client.MergeFrom(orig)); serr != nil && !apierrors.IsNotFound(serr) {
-					err = errors.Join(err, fmt.Errorf("write status: %w", serr))
-				}
-			}
+	rec, ok := r.Records.Get(stu.UID)
+	if !ok || rec.Published.Type != studentv1.EventTypeDeleted {
+		var last *studentv1.PublishedEvent
+		if ok && !rec.Pending {
+			last = &rec.Published
+		}
+		if err := r.publish(ctx, stu, studentv1.EventTypeDeleted, last); err != nil {
 			return err
 		}
 	}
-
 	err := r.patchFinalizers(ctx, stu, func(s *studentv1.Student) bool { return controllerutil.RemoveFinalizer(s, studentv1.Finalizer) })
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove finalizer: %w", err)
 	}
-	r.published.Delete(client.ObjectKeyFromObject(stu))
+	r.failures.Delete(client.ObjectKeyFromObject(stu))
+	// The record says "deleted" until here, so a retry of the finalizer
+	// removal publishes nothing again. Should this delete fail, the next
+	// catch-up finds a deleted record without its Student and removes it.
+	return r.Records.Remove(ctx, stu.UID)
+}
+
+// reconcileGone handles the records of a name the cache has no Student
+// for: deleted without a finalizer (while the bridge ran or while it was
+// down), lost to kube-apiserver's delete/finalizer race
+// (kubernetes/kubernetes#77988), or out of the watched scope (a label or a
+// namespace the bridge no longer watches).
+func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.NamespacedName) error {
+	recs := r.Records.ForName(key)
+	if len(recs) == 0 {
+		r.gone.Delete(key)
+		return nil
+	}
+	reader := r.APIReader
+	if reader == nil {
+		reader = r.Client
+	}
+	var live studentv1.Student
+	err := reader.Get(ctx, key, &live)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("look up %s: %w", key, err)
+	}
+	var errs []error
+	for _, rec := range recs {
+		exists := err == nil && string(live.UID) == rec.UID
+		switch {
+		case exists && rec.Published.Type == studentv1.EventTypeDeleted:
+			// Left the scope earlier; the record keeps the next created
+			// apart from the first.
+		case exists:
+			errs = append(errs, r.leaveScope(ctx, &live, rec))
+		case rec.Published.Type == studentv1.EventTypeDeleted:
+			errs = append(errs, r.Records.Remove(ctx, types.UID(rec.UID)))
+		default:
+			errs = append(errs, r.publishGone(ctx, key, rec))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	r.gone.Delete(key)
+	r.failures.Delete(key)
 	return nil
+}
+
+// publishGone publishes the deletion of a Student that is gone: with the
+// last state the watch showed of it if the bridge saw it go, else with the
+// last state published.
+func (r *StudentReconciler) publishGone(ctx context.Context, key types.NamespacedName, rec studentv1.StudentRecord) error {
+	gone := recordedStudent(rec)
+	if v, ok := r.gone.Load(key); ok && string(v.(*studentv1.Student).UID) == rec.UID {
+		gone = v.(*studentv1.Student)
+	}
+	var last *studentv1.PublishedEvent
+	if !rec.Pending {
+		last = &rec.Published
+	}
+	if err := r.publish(ctx, gone, studentv1.EventTypeDeleted, last); err != nil {
+		return err
+	}
+	log.FromContext(ctx).Info("Student gone without its finalizer; published its deletion", "uid", rec.UID)
+	return r.Records.Remove(ctx, types.UID(rec.UID))
+}
+
+// leaveScope publishes a Student that left the watched scope as deleted
+// (for consumers it left the set) and lets go of it. Its record stays, as
+// deleted, so that if it comes back it is created with a new id.
+func (r *StudentReconciler) leaveScope(ctx context.Context, live *studentv1.Student, rec studentv1.StudentRecord) error {
+	var last *studentv1.PublishedEvent
+	if !rec.Pending {
+		last = &rec.Published
+	}
+	if err := r.publish(ctx, live, studentv1.EventTypeDeleted, last); err != nil {
+		return err
+	}
+	err := r.patchFinalizers(ctx, live, func(s *studentv1.Student) bool { return controllerutil.RemoveFinalizer(s, studentv1.Finalizer) })
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("remove finalizer of %s, which left the watched scope: %w", client.ObjectKeyFromObject(live), err)
+	}
+	log.FromContext(ctx).Info("Student left the watched scope; published it as deleted", "uid", rec.UID)
+	return nil
+}
+
+// reconcileReplaced publishes the deletion of every earlier Student with
+// stu's name.
+func (r *StudentReconciler) reconcileReplaced(ctx context.Context, stu *studentv1.Student) error {
+	key := client.ObjectKeyFromObject(stu)
+	for _, rec := range r.Records.ForName(key) {
+		if rec.UID == string(stu.UID) {
+			continue
+		}
+		if rec.Published.Type == studentv1.EventTypeDeleted {
+			if err := r.Records.Remove(ctx, types.UID(rec.UID)); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := r.publishGone(ctx, key, rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recordedStudent is the Student as its record last published it.
+func recordedStudent(rec studentv1.StudentRecord) *studentv1.Student {
+	p := rec.Published
+	return &studentv1.Student{
+		ObjectMeta: metav1.ObjectMeta{Namespace: rec.Namespace, Name: rec.Name, UID: types.UID(rec.UID), Generation: p.Generation, Labels: p.Labels},
+		Spec:       p.Spec,
+	}
 }
 
 // patchFinalizers applies change to stu's finalizers with a merge patch that
@@ -185,40 +311,14 @@ func (r *StudentReconciler) patchFinalizers(ctx context.Context, stu *studentv1.
 	return err
 }
 
-// reconcileVanished handles a Student that is gone. Normally its finalizer
-// made sure the deleted event went out first. But kube-apiserver can let a
-// delete that races with the finalizer being added remove the object anyway
-// (kubernetes/kubernetes#77988): if this process published the Student and
-// never its deletion, it publishes the deleted event now, from what it last
-// published.
-func (r *StudentReconciler) reconcileVanished(ctx context.Context, key types.NamespacedName) error {
-	v, ok := r.published.Load(key)
-	if !ok {
-		return nil
-	}
-	e := v.(publishedEntry)
-	if e.event.Type != studentv1.EventTypeDeleted {
-		gone := &studentv1.Student{
-			ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name, UID: e.uid, Generation: e.event.Generation, Labels: e.event.Labels},
-			Spec:       e.event.Spec,
-		}
-		ev, err := NewEvent(r.Cluster, studentv1.EventTypeDeleted, EventID(studentv1.EventTypeDeleted, gone, ""), gone, &e.event, r.now())
-		if err != nil {
-			return reconcile.TerminalError(err)
-		}
-		if _, err := send(ctx, r.Sink, ev); err != nil {
-			return fmt.Errorf("publish %s %s of vanished %s: %w", studentv1.EventTypeDeleted, ev.ID(), key, err)
-		}
-		log.FromContext(ctx).Info("Student vanished without its finalizer; published its deletion", "id", ev.ID())
-	}
-	r.published.Delete(key)
-	return nil
-}
-
-// publish sends the event of type typ for stu and, once the broker
-// acknowledged it, remembers and returns the new last-published record. On
-// failure it returns last unchanged and the error.
-func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student, typ string, last *studentv1.PublishedEvent) (*studentv1.PublishedEvent, error) {
+// publish sends the event of type typ for stu and records it once the
+// broker acknowledged it. last is what was published before (nil if
+// nothing). Nothing is published while the record store holds back an
+// earlier record (fail closed). A Student's first event is recorded as
+// pending before it goes out, so that a bridge stopping right after the
+// publish still knows of it.
+func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student, typ string, last *studentv1.PublishedEvent) error {
+	key := client.ObjectKeyFromObject(stu)
 	previousID := ""
 	if last != nil {
 		previousID = last.ID
@@ -227,62 +327,93 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 	ev, err := NewEvent(r.Cluster, typ, EventID(typ, stu, previousID), stu, last, now)
 	if err != nil {
 		r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, studentv1.ReasonInvalid, "Publish", "cannot build %s event: %v", typ, err)
-		return last, reconcile.TerminalError(err)
+		return r.failed(key, reconcile.TerminalError(err))
+	}
+	rec := studentv1.StudentRecord{
+		Namespace: stu.Namespace,
+		Name:      stu.Name,
+		UID:       string(stu.UID),
+		Published: studentv1.PublishedEvent{
+			Type:       typ,
+			ID:         ev.ID(),
+			Time:       metav1.NewTime(now.Truncate(time.Second)),
+			Generation: stu.Generation,
+			Spec:       stu.Spec,
+			Labels:     stu.Labels,
+		},
+	}
+
+	if err := r.Records.Flush(ctx); err != nil {
+		err = fmt.Errorf("the record store holds back %d record(s); publishing nothing new: %w", r.Records.Unsaved(), err)
+		r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, studentv1.ReasonPublishFailed, "Publish", "%v", err)
+		return r.failed(key, err)
+	}
+	if _, known := r.Records.Get(stu.UID); !known {
+		pending := rec
+		pending.Pending = true
+		if err := r.Records.Save(ctx, pending); err != nil {
+			err = fmt.Errorf("record %s %s before it goes out: %w", typ, ev.ID(), err)
+			r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, failureReason(err), "Publish", "%v", err)
+			return r.failed(key, terminalIfInvalid(err))
+		}
 	}
 
 	receipt, err := send(ctx, r.Sink, ev)
 	if err != nil {
-		reason := studentv1.ReasonPublishFailed
-		if errors.Is(err, sink.ErrTooLarge) {
-			// The same event will never fit: wait for the Student to change
-			// instead of retrying.
-			reason = studentv1.ReasonInvalid
-			err = reconcile.TerminalError(err)
-		}
-		r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, reason, "Publish", "publishing %s (id %s) failed: %v", typ, ev.ID(), err)
-		return last, fmt.Errorf("publish %s %s: %w", typ, ev.ID(), err)
+		r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, failureReason(err), "Publish", "publishing %s (id %s) failed: %v", typ, ev.ID(), err)
+		return r.failed(key, terminalIfInvalid(fmt.Errorf("publish %s %s: %w", typ, ev.ID(), err)))
 	}
-
 	log.FromContext(ctx).V(1).Info("published", "type", typ, "id", ev.ID(), "subject", receipt.Subject, "sequence", receipt.Sequence, "duplicate", receipt.Duplicate)
-
-	rec := &studentv1.PublishedEvent{
-		Type:       typ,
-		ID:         ev.ID(),
-		Time:       metav1.NewTime(now.Truncate(time.Second)),
-		Generation: stu.Generation,
-		Sequence:   int64(receipt.Sequence),
-		Spec:       stu.Spec,
-		Labels:     stu.Labels,
-	}
-	r.published.Store(client.ObjectKeyFromObject(stu), publishedEntry{uid: stu.UID, event: *rec})
 	r.Recorder.Eventf(stu, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "published %s to %s, id %s, stream sequence %d", typ, receipt.Subject, ev.ID(), receipt.Sequence)
-	return rec, nil
-}
 
-type publishedEntry struct {
-	uid   types.UID
-	event studentv1.PublishedEvent
-}
-
-// lastPublished is what this process remembers publishing for stu, or else
-// what stu's status says.
-func (r *StudentReconciler) lastPublished(stu *studentv1.Student) *studentv1.PublishedEvent {
-	key := client.ObjectKeyFromObject(stu)
-	if v, ok := r.published.Load(key); ok {
-		e := v.(publishedEntry)
-		switch {
-		case e.uid != stu.UID:
-			r.published.Delete(key)
-		case stu.Status.LastPublished != nil && stu.Status.LastPublished.ID == e.event.ID:
-			// The cache has caught up with the status write: the entry has
-			// done its job, and memory stays bounded by what is in flight.
-			r.published.Delete(key)
-		default:
-			ev := e.event
-			return &ev
-		}
+	rec.Published.Sequence = int64(receipt.Sequence)
+	if err := r.Records.Save(ctx, rec); err != nil {
+		// The event is out: memory keeps the record, and nothing new goes
+		// out until the store takes it.
+		return r.failed(key, fmt.Errorf("record %s %s: %w", typ, ev.ID(), err))
 	}
-	return stu.Status.LastPublished.DeepCopy()
+	r.failures.Delete(key)
+	return nil
+}
+
+// failed remembers err for the status view and returns it.
+func (r *StudentReconciler) failed(key types.NamespacedName, err error) error {
+	r.failures.Store(key, err)
+	r.Status.Enqueue(key)
+	return err
+}
+
+// terminalIfInvalid marks an error that retrying cannot fix as terminal: the
+// same event will never fit, so the bridge waits for the Student to change.
+func terminalIfInvalid(err error) error {
+	if failureReason(err) == studentv1.ReasonInvalid {
+		return reconcile.TerminalError(err)
+	}
+	return err
+}
+
+// failureReason is the reason a publish failure shows in the Published
+// condition and the Warning Event: InvalidEvent for an event that will never
+// fit, PublishFailed for anything a retry may fix.
+func failureReason(err error) string {
+	if errors.Is(err, sink.ErrTooLarge) {
+		return studentv1.ReasonInvalid
+	}
+	return studentv1.ReasonPublishFailed
+}
+
+// View is the status stu should show now: StatusView of its record and last
+// failure.
+func (r *StudentReconciler) View(stu *studentv1.Student) studentv1.StudentStatus {
+	var rec *studentv1.StudentRecord
+	if got, ok := r.Records.Get(stu.UID); ok {
+		rec = &got
+	}
+	var failure error
+	if v, ok := r.failures.Load(client.ObjectKeyFromObject(stu)); ok {
+		failure = v.(error)
+	}
+	return StatusView(stu, rec, failure)
 }
 
 func publishedCondition(stu *studentv1.Student, last *studentv1.PublishedEvent, pubErr error) metav1.Condition {
@@ -293,19 +424,16 @@ func publishedCondition(stu *studentv1.Student, last *studentv1.PublishedEvent, 
 	switch {
 	case pubErr != nil:
 		c.Status = metav1.ConditionFalse
-		c.Reason = studentv1.ReasonPublishFailed
-		if errors.Is(pubErr, sink.ErrTooLarge) {
-			c.Reason = studentv1.ReasonInvalid
-		}
+		c.Reason = failureReason(pubErr)
 		c.Message = pubErr.Error()
-	case last != nil:
+	case last != nil && NextChange(stu, last) == "":
 		c.Status = metav1.ConditionTrue
 		c.Reason = studentv1.ReasonPublished
 		c.Message = fmt.Sprintf("%s %s published as stream sequence %d", last.Type, last.ID, last.Sequence)
 	default:
 		c.Status = metav1.ConditionUnknown
 		c.Reason = "Pending"
-		c.Message = "not published yet"
+		c.Message = "the current state is not published yet"
 	}
 	return c
 }
@@ -317,20 +445,61 @@ func (r *StudentReconciler) now() time.Time {
 	return time.Now()
 }
 
+// CatchUp queues the records the cache has no Student for: deleted (or out
+// of scope) while the bridge was down. Call it once the cache has synced and
+// Records are loaded.
+func (r *StudentReconciler) CatchUp(ctx context.Context, cached client.Reader) (int, error) {
+	var list studentv1.StudentList
+	if err := cached.List(ctx, &list); err != nil {
+		return 0, fmt.Errorf("list cached students: %w", err)
+	}
+	live := make(map[types.UID]bool, len(list.Items))
+	for i := range list.Items {
+		live[list.Items[i].UID] = true
+	}
+	n := 0
+	for _, rec := range r.Records.All() {
+		if live[types.UID(rec.UID)] {
+			continue
+		}
+		select {
+		case r.catchUp <- event.TypedGenericEvent[*studentv1.Student]{Object: recordedStudent(rec)}:
+			n++
+		case <-ctx.Done():
+			return n, ctx.Err()
+		}
+	}
+	return n, nil
+}
+
 // SetupWithManager registers the reconciler with mgr.
 func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
+	r.catchUp = make(chan event.TypedGenericEvent[*studentv1.Student], 1024)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
-		For(&studentv1.Student{}, builder.WithPredicates(changePredicate())).
+		For(&studentv1.Student{}, builder.WithPredicates(changePredicate(), r.rememberGone())).
+		WatchesRawSource(source.Channel(r.catchUp, &handler.TypedEnqueueRequestForObject[*studentv1.Student]{})).
 		WithOptions(opts).
 		Complete(r)
 }
 
+// rememberGone keeps the last state the watch showed of a deleted Student:
+// without a finalizer it is the final state its deleted event carries.
+func (r *StudentReconciler) rememberGone() predicate.Predicate {
+	return predicate.Funcs{
+		DeleteFunc: func(e event.DeleteEvent) bool {
+			if s, ok := e.Object.(*studentv1.Student); ok {
+				r.gone.Store(client.ObjectKeyFromObject(s), s)
+			}
+			return true
+		},
+	}
+}
+
 // changePredicate lets through the updates that can need an event or a
-// finalizer: spec (generation), labels, deletion and finalizers, and the
-// bridge's own status write of a new publish (its reconcile writes nothing
-// and lets go of the in-memory record). Other status updates and annotation
-// updates are dropped before they reach the queue.
+// finalizer: spec (generation), labels, deletion and finalizers. Status and
+// annotation updates, the bridge's own status writes among them, are
+// dropped before they reach the queue.
 func changePredicate() predicate.Predicate {
 	return predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
@@ -338,15 +507,7 @@ func changePredicate() predicate.Predicate {
 			return o.GetGeneration() != n.GetGeneration() ||
 				!equality.Semantic.DeepEqual(o.GetLabels(), n.GetLabels()) ||
 				!equality.Semantic.DeepEqual(o.GetDeletionTimestamp(), n.GetDeletionTimestamp()) ||
-				!equality.Semantic.DeepEqual(o.GetFinalizers(), n.GetFinalizers()) ||
-				publishedID(o) != publishedID(n)
+				!equality.Semantic.DeepEqual(o.GetFinalizers(), n.GetFinalizers())
 		},
 	}
-}
-
-func publishedID(o client.Object) string {
-	if s, ok := o.(*studentv1.Student); ok && s.Status.LastPublished != nil {
-		return s.Status.LastPublished.ID
-	}
-	return ""
 }

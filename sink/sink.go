@@ -1,5 +1,6 @@
-// Package sink defines where the bridge sends CloudEvents. The reconciler
-// depends on this interface only; concrete sinks (sink/natssink) are wired by cmd.
+// Package sink defines where the bridge sends CloudEvents (Sink) and where it
+// remembers what it published (Store). The reconciler depends on these
+// interfaces only; the NATS implementations (sink/natssink) are wired by cmd.
 package sink
 
 import (

@@ -110,3 +110,25 @@ type StudentList struct {
 	// items are the Students.
 	Items []Student `json:"items"`
 }
+
+// StudentRecord is what the bridge remembers of a Student it published: one
+// JSON value per Student uid in the record store (a JetStream key-value
+// bucket, by default STUDENT_BRIDGE_PUBLISHED), readable with
+// `nats kv get STUDENT_BRIDGE_PUBLISHED <uid>`.
+// +kubebuilder:object:generate=false
+type StudentRecord struct {
+	// namespace of the Student.
+	Namespace string `json:"namespace"`
+	// name of the Student.
+	Name string `json:"name"`
+	// uid of the Student; also the record's key.
+	UID string `json:"uid"`
+	// published is the last event JetStream acknowledged for the Student,
+	// or, while pending, the first event about to be published.
+	Published PublishedEvent `json:"published"`
+	// pending is true while the Student's first event is on its way: the
+	// record is written before it, so a bridge that stops right after the
+	// publish still knows the Student may have been announced.
+	// +optional
+	Pending bool `json:"pending,omitempty"`
+}

@@ -1,7 +1,8 @@
 // Package bridge wires the configured parts of student-bridge together: the
-// NATS connection, the JetStream stream, the controller-runtime manager and
-// the Student reconciler. cmd/student-bridge, the local dev stack and the
-// process-level tests all start the bridge through Run.
+// NATS connection, the JetStream stream and record store, the
+// controller-runtime manager and the Student reconciler. cmd/student-bridge,
+// the local dev stack and the process-level tests all start the bridge
+// through Run.
 package bridge
 
 import (
@@ -11,12 +12,10 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
@@ -34,8 +33,8 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
-	"github.com/student-bridge/student-bridge/internal/natsconn"
 	"github.com/student-bridge/student-bridge/internal/kubeevents"
+	"github.com/student-bridge/student-bridge/internal/natsconn"
 	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
@@ -49,18 +48,18 @@ func Scheme() *runtime.Scheme {
 }
 
 // Run runs the bridge until ctx is cancelled, then shuts down gracefully:
-// in-flight publishes and status writes finish (bounded by
+// in-flight publishes and their record writes finish (bounded by
 // cfg.ShutdownTimeout) before the NATS connection is drained.
 func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	log := ctrl.Log.WithName("bridge")
 	log.Info("starting", "nats", config.Redacted(cfg.NATS.URLs), "mode", cfg.NATS.Mode, "encoding", cfg.NATS.Encoding,
-		"stream", cfg.NATS.Stream.Name, "cluster", cfg.Cluster, "namespaces", cfg.Namespaces, "leaderElection", cfg.LeaderElection.Enabled)
+		"stream", cfg.NATS.Stream.Name, "bucket", cfg.State.Bucket, "cluster", cfg.Cluster, "namespaces", cfg.Namespaces,
+		"leaderElection", cfg.LeaderElection.Enabled, "holdDeletesWithFinalizer", cfg.Deletes.HoldWithFinalizer)
 
 	layout, err := natssink.NewSubjectLayout(cfg.NATS.SubjectPrefix, cfg.NATS.SubjectLayout)
 	if err != nil {
 		return fmt.Errorf("config key nats.subjectLayout: %w", err)
 	}
-
 	nc, err := natsconn.Connect(cfg.NATS, ctrl.Log.WithName("nats"))
 	if err != nil {
 		return err
@@ -72,7 +71,44 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 			nc.Close()
 		}
 	}()
+	pub, err := newPublisher(cfg, nc, layout)
+	if err != nil {
+		return err
+	}
 
+	restCfg = rest.CopyConfig(restCfg)
+	restCfg.QPS, restCfg.Burst = cfg.KubeAPIQPS, cfg.KubeAPIBurst
+	mgr, err := newManager(cfg, restCfg)
+	if err != nil {
+		return err
+	}
+	brokerReady, err := addBrokerSetup(mgr, cfg, nc, layout, log)
+	if err != nil {
+		return err
+	}
+	r, err := addReconciler(mgr, cfg, pub, log)
+	if err != nil {
+		return err
+	}
+	if err := mgr.Add(&recordLoader{nc: nc, cfg: cfg, mgr: mgr, r: r, log: log.WithName("records")}); err != nil {
+		return err
+	}
+	if err := addSnapshots(mgr, cfg, nc, pub, log); err != nil {
+		return err
+	}
+	if err := addHealth(mgr, cfg, nc, brokerReady); err != nil {
+		return err
+	}
+
+	log.Info("running")
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("manager: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+func newPublisher(cfg *config.Config, nc *nats.Conn, layout natssink.SubjectLayout) (*natssink.Publisher, error) {
 	pcfg := natssink.Config{
 		Mode:       natssink.Mode(cfg.NATS.Mode),
 		Encoding:   natssink.Encoding(cfg.NATS.Encoding),
@@ -84,66 +120,58 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 		// is not the store consumers replay from.
 		pcfg.Stream = cfg.NATS.Stream.Name
 	}
-	pub, err := natssink.NewPublisher(nc, pcfg)
-	if err != nil {
-		return err
-	}
+	return natssink.NewPublisher(nc, pcfg)
+}
 
-	restCfg = rest.CopyConfig(restCfg)
-	restCfg.QPS, restCfg.Burst = cfg.KubeAPIQPS, cfg.KubeAPIBurst
-	mgr, err := newManager(cfg, restCfg)
-	if err != nil {
-		return err
+// addBrokerSetup adds the stream ensurer (JetStream mode) and returns what
+// tells readiness that the broker side is set up.
+func addBrokerSetup(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, layout natssink.SubjectLayout, log logr.Logger) (func() bool, error) {
+	if cfg.NATS.Mode != string(natssink.JetStream) {
+		return func() bool { return true }, nil
 	}
-
 	stream := &streamEnsurer{nc: nc, cfg: streamConfig(cfg, layout), create: cfg.NATS.Stream.Create, log: log.WithName("stream")}
-	if cfg.NATS.Mode == string(natssink.JetStream) {
-		if err := mgr.Add(stream); err != nil {
-			return err
-		}
-	} else {
-		stream.ready.Store(true)
+	if err := mgr.Add(stream); err != nil {
+		return nil, err
 	}
+	return stream.ready.Load, nil
+}
 
-	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
-		return err
-	}
-	if err := mgr.AddReadyzCheck("nats", func(*http.Request) error {
-		switch {
-		case !nc.IsConnected():
-			return fmt.Errorf("NATS %s", nc.Status())
-		case !stream.ready.Load():
-			return fmt.Errorf("stream %s not ready", cfg.NATS.Stream.Name)
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-
+// addReconciler sets up the Student reconciler with its Kubernetes Event
+// recorder and status writer.
+func addReconciler(mgr manager.Manager, cfg *config.Config, pub *natssink.Publisher, log logr.Logger) (*reconciler.StudentReconciler, error) {
 	r := &reconciler.StudentReconciler{
-		Client:    mgr.GetClient(),
-		APIReader: mgr.GetAPIReader(),
-		Sink:      pub,
-		Recorder:  nopRecorder{},
-		Cluster:   cfg.Cluster,
-		Timeout:   cfg.NATS.AckTimeout + 30*time.Second,
+		Client:            mgr.GetClient(),
+		APIReader:         mgr.GetAPIReader(),
+		Sink:              pub,
+		Records:           reconciler.NewRecords(),
+		HoldWithFinalizer: cfg.Deletes.HoldWithFinalizer,
+		Recorder:          nopRecorder{},
+		Cluster:           cfg.Cluster,
+		Timeout:           cfg.NATS.AckTimeout + 30*time.Second,
 	}
+	// Every worker busy: changes are waiting for the API server, and
+	// Events and status writes would only take capacity from them.
+	busy := func() bool { return r.InFlight() >= cfg.Workers }
 	if cfg.KubernetesEvents {
 		rec, err := kubeevents.New(mgr.GetClient(), mgr.GetScheme(), kubeevents.Options{
 			Controller: reconciler.ControllerName,
 			QPS:        cfg.KubernetesEventsQPS,
 			Log:        log.WithName("events"),
-			// Every worker busy: changes are waiting for the API server,
-			// and Events would only take capacity from them.
-			Busy: func() bool { return r.InFlight() >= cfg.Workers },
+			Busy:       busy,
 		})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if err := mgr.Add(rec); err != nil {
-			return err
+			return nil, err
 		}
 		r.Recorder = rec
+	}
+	if cfg.Status.Enabled {
+		r.Status = reconciler.NewStatusWriter(mgr.GetClient(), r.View, cfg.Status.QPS, busy, log.WithName("status"))
+		if err := mgr.Add(r.Status); err != nil {
+			return nil, err
+		}
 	}
 	skip := true
 	if err := r.SetupWithManager(mgr, controller.Options{
@@ -152,29 +180,39 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 		// Tests and the dev stack may run more than one bridge per process.
 		SkipNameValidation: &skip,
 	}); err != nil {
-		return fmt.Errorf("set up controller: %w", err)
+		return nil, fmt.Errorf("set up controller: %w", err)
 	}
+	return r, nil
+}
 
-	if cfg.Snapshot.OnStartup || cfg.Snapshot.RequestSubject != "" {
-		if err := mgr.Add(&snapshotServer{
-			nc:         nc,
-			cache:      mgr.GetCache(),
-			snap:       &reconciler.Snapshotter{Reader: mgr.GetClient(), Sink: pub, Cluster: cfg.Cluster},
-			onStartup:  cfg.Snapshot.OnStartup,
-			subject:    cfg.Snapshot.RequestSubject,
-			namespaces: cfg.Namespaces,
-			log:        log.WithName("snapshot"),
-		}); err != nil {
-			return err
+func addSnapshots(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, pub *natssink.Publisher, log logr.Logger) error {
+	if !cfg.Snapshot.OnStartup && cfg.Snapshot.RequestSubject == "" {
+		return nil
+	}
+	return mgr.Add(&snapshotServer{
+		nc:         nc,
+		cache:      mgr.GetCache(),
+		snap:       &reconciler.Snapshotter{Reader: mgr.GetClient(), Sink: pub, Cluster: cfg.Cluster},
+		onStartup:  cfg.Snapshot.OnStartup,
+		subject:    cfg.Snapshot.RequestSubject,
+		namespaces: cfg.Namespaces,
+		log:        log.WithName("snapshot"),
+	})
+}
+
+func addHealth(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, brokerReady func() bool) error {
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	return mgr.AddReadyzCheck("nats", func(*http.Request) error {
+		switch {
+		case !nc.IsConnected():
+			return fmt.Errorf("NATS %s", nc.Status())
+		case !brokerReady():
+			return fmt.Errorf("stream %s not ready", cfg.NATS.Stream.Name)
 		}
-	}
-
-	log.Info("running")
-	if err := mgr.Start(ctx); err != nil {
-		return fmt.Errorf("manager: %w", err)
-	}
-	log.Info("stopped")
-	return nil
+		return nil
+	})
 }
 
 func newManager(cfg *config.Config, restCfg *rest.Config) (manager.Manager, error) {
@@ -223,70 +261,6 @@ func newManager(cfg *config.Config, restCfg *rest.Config) (manager.Manager, erro
 		return nil, fmt.Errorf("create manager: %w", err)
 	}
 	return mgr, nil
-}
-
-func streamConfig(cfg *config.Config, layout natssink.SubjectLayout) natssink.StreamConfig {
-	s := cfg.NATS.Stream
-	return natssink.StreamConfig{
-		Name:       s.Name,
-		Subject:    layout.StreamSubject(),
-		Storage:    s.Storage,
-		Replicas:   s.Replicas,
-		MaxAge:     s.MaxAge,
-		MaxBytes:   s.MaxBytes,
-		MaxMsgs:    s.MaxMsgs,
-		Discard:    s.Discard,
-		Duplicates: s.Duplicates,
-	}
-}
-
-// streamEnsurer makes sure the stream exists and captures our subjects. It
-// retries while NATS is unreachable and stops the bridge when the stream
-// exists but does not capture our subjects: that needs an operator.
-type streamEnsurer struct {
-	nc     *nats.Conn
-	cfg    natssink.StreamConfig
-	create bool
-	log    logr.Logger
-	ready  atomic.Bool
-}
-
-// NeedLeaderElection is false: standbys report readiness too.
-func (s *streamEnsurer) NeedLeaderElection() bool { return false }
-
-func (s *streamEnsurer) Start(ctx context.Context) error {
-	js, err := jetstream.New(s.nc)
-	if err != nil {
-		return err
-	}
-	delay := 500 * time.Millisecond
-	for {
-		info, err := s.ensure(ctx, js)
-		if err == nil {
-			s.ready.Store(true)
-			s.log.Info("stream ready", "stream", info.Config.Name, "subjects", info.Config.Subjects, "messages", info.State.Msgs)
-			return nil
-		}
-		if errors.Is(err, natssink.ErrStreamConflict) {
-			return err
-		}
-		s.log.Info("stream not ready; retrying", "stream", s.cfg.Name, "reason", err.Error(), "in", delay.String())
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 30*time.Second)
-	}
-}
-
-func (s *streamEnsurer) ensure(ctx context.Context, js jetstream.JetStream) (*jetstream.StreamInfo, error) {
-	if !s.nc.IsConnected() {
-		return nil, fmt.Errorf("NATS %s", s.nc.Status())
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	return natssink.EnsureStream(ctx, js, s.cfg, s.create)
 }
 
 type nopRecorder struct{}

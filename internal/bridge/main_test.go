@@ -66,6 +66,7 @@ func testConfig(t *testing.T, ns, prefix string) *config.Config {
 	cfg.NATS.URLs = st.NATS.URL()
 	cfg.NATS.SubjectPrefix = prefix
 	cfg.NATS.Stream.Name = "S_" + prefix
+	cfg.State.Bucket = "R_" + prefix
 	cfg.NATS.ReconnectWait = 100 * time.Millisecond
 	cfg.NATS.AckTimeout = 2 * time.Second
 	cfg.LeaderElection.Enabled = false
@@ -74,13 +75,14 @@ func testConfig(t *testing.T, ns, prefix string) *config.Config {
 	cfg.Retry.BaseDelay = 50 * time.Millisecond
 	cfg.Retry.MaxDelay = 500 * time.Millisecond
 	cfg.ShutdownTimeout = 10 * time.Second
-	// The stream outlives the bridge on the shared server: remove it, so a
-	// second round of the tests (-count=2) starts from an empty stream.
-	t.Cleanup(func() { deleteStream(t, cfg.NATS.Stream.Name) })
+	// The stream and the record store outlive the bridge on the shared
+	// server: remove them, so a second round of the tests (-count=2) starts
+	// from nothing.
+	t.Cleanup(func() { deleteStreamAndBucket(t, cfg.NATS.Stream.Name, cfg.State.Bucket) })
 	return cfg
 }
 
-func deleteStream(t *testing.T, name string) {
+func deleteStreamAndBucket(t *testing.T, stream, bucket string) {
 	t.Helper()
 	nc, err := nats.Connect(st.NATS.URL())
 	if err != nil {
@@ -91,8 +93,11 @@ func deleteStream(t *testing.T, name string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := js.DeleteStream(context.Background(), name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-		t.Errorf("delete stream %s: %v", name, err)
+	if err := js.DeleteStream(context.Background(), stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("delete stream %s: %v", stream, err)
+	}
+	if err := js.DeleteKeyValue(context.Background(), bucket); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+		t.Errorf("delete bucket %s: %v", bucket, err)
 	}
 }
 

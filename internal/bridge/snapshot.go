@@ -56,21 +56,13 @@ func (s *snapshotServer) Start(ctx context.Context) error {
 // be reachable yet.
 func (s *snapshotServer) startup(ctx context.Context) {
 	run := s.newRun("startup")
-	delay := 500 * time.Millisecond
-	for {
+	_ = retry(ctx, s.log.WithValues("run", run), "startup snapshot", func(ctx context.Context) error {
 		n, err := s.snap.Snapshot(ctx, "", run)
 		if err == nil {
 			s.log.Info("startup snapshot published", "run", run, "students", n)
-			return
 		}
-		s.log.Info("startup snapshot failed; retrying", "run", run, "reason", err.Error(), "in", delay.String())
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 30*time.Second)
-	}
+		return err
+	})
 }
 
 func (s *snapshotServer) serve(ctx context.Context, msg *nats.Msg) {

@@ -40,7 +40,30 @@ type Config struct {
 	NATS           NATS           `mapstructure:"nats"`
 	ShutdownTimeout time.Duration `mapstructure:"shutdownTimeout"`
 	Snapshot       Snapshot       `mapstructure:"snapshot"`
+	State          State          `mapstructure:"state"`
+	Deletes        Deletes        `mapstructure:"deletes"`
+	Status         Status         `mapstructure:"status"`
 	Tail           Tail           `mapstructure:"tail"`
+}
+
+// State configures the record store: the JetStream key-value bucket that
+// remembers what was published per Student.
+type State struct {
+	Bucket   string `mapstructure:"bucket"`
+	Create   bool   `mapstructure:"create"`
+	Storage  string `mapstructure:"storage"`
+	Replicas int    `mapstructure:"replicas"`
+}
+
+// Deletes chooses how deletes are guaranteed.
+type Deletes struct {
+	HoldWithFinalizer bool `mapstructure:"holdWithFinalizer"`
+}
+
+// Status configures the status view written on Students.
+type Status struct {
+	Enabled bool    `mapstructure:"enabled"`
+	QPS     float64 `mapstructure:"qps"`
 }
 
 // Snapshot configures bridge-side replay: snapshot events of every current
@@ -189,6 +212,13 @@ var Settings = []Setting{
 	{"nats.stream.maxMsgs", "stream-max-msgs", int64(0), "Message limit of a created stream; 0 is unlimited."},
 	{"nats.stream.discard", "stream-discard", "old", "When a created stream is full: old drops the oldest events, new refuses new ones (the bridge retries)."},
 	{"nats.stream.duplicates", "stream-duplicate-window", dur("2m"), "Window in which the stream drops an event whose id it already stored."},
+	{"state.bucket", "state-bucket", "STUDENT_BRIDGE_PUBLISHED", "JetStream key-value bucket that records what was published per Student (one key per uid). Each bridge needs its own."},
+	{"state.create", "state-create", true, "Create the bucket if it is missing. An existing bucket is never changed."},
+	{"state.storage", "state-storage", "file", "Storage of a created bucket: file or memory."},
+	{"state.replicas", "state-replicas", 1, "Replicas of a created bucket (3 on a 3-node cluster)."},
+	{"deletes.holdWithFinalizer", "hold-deletes-with-finalizer", true, "Hold a deleted Student with a finalizer until its deleted event is acknowledged, so it carries the exact final state. false: the bridge writes nothing to Students; a delete carries the watch's final state, or the last published state if it happened while the bridge was down."},
+	{"status.enabled", "status", true, "Write the status view (lastPublished, the Published condition) on Students. The bridge never reads it."},
+	{"status.qps", "status-qps", float64(10), "Most status writes per second; writes are coalesced per Student and wait while changes are waiting. Failures are written first."},
 	{"snapshot.onStartup", "snapshot-on-startup", false, "Publish a snapshot event (student.snapshot) of every Student when the bridge becomes leader."},
 	{"snapshot.requestSubject", "snapshot-request-subject", "student-bridge.snapshot", "NATS subject on which the leader answers snapshot requests; empty disables them. Must not be under the stream's subjects."},
 }
@@ -452,6 +482,14 @@ func (c *Config) Validate() error {
 		return bad("nats.stream.discard", "%q: want old or new", c.NATS.Stream.Discard)
 	case c.NATS.Stream.Duplicates <= 0:
 		return bad("nats.stream.duplicates", "%s must be positive: ids deduplicate republished events", c.NATS.Stream.Duplicates)
+	case c.State.Bucket == "" || strings.Trim(c.State.Bucket, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") != "":
+		return bad("state.bucket", "%q must be non-empty and only letters, digits, '_' and '-'", c.State.Bucket)
+	case c.State.Storage != "file" && c.State.Storage != "memory":
+		return bad("state.storage", "%q: want file or memory", c.State.Storage)
+	case c.State.Replicas < 1 || c.State.Replicas > 5:
+		return bad("state.replicas", "%d: want 1 to 5", c.State.Replicas)
+	case c.Status.Enabled && c.Status.QPS <= 0:
+		return bad("status.qps", "%v must be positive (or set status.enabled to false)", c.Status.QPS)
 	case strings.ContainsAny(c.Snapshot.RequestSubject, " \t*>"):
 		return bad("snapshot.requestSubject", "%q must be a literal subject", c.Snapshot.RequestSubject)
 	case c.Snapshot.RequestSubject != "" && strings.HasPrefix(c.Snapshot.RequestSubject, c.NATS.SubjectPrefix+"."):

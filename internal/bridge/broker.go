@@ -1,0 +1,146 @@
+package bridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/reconciler"
+	"github.com/student-bridge/student-bridge/sink/natssink"
+)
+
+// retry calls attempt until it succeeds, ctx ends or attempt returns an
+// error wrapping one of fatal, waiting from 500ms doubling to 30s between
+// attempts. It returns nil when ctx ended.
+func retry(ctx context.Context, log logr.Logger, what string, attempt func(context.Context) error, fatal ...error) error {
+	delay := 500 * time.Millisecond
+	for {
+		err := attempt(ctx)
+		if err == nil {
+			return nil
+		}
+		for _, f := range fatal {
+			if errors.Is(err, f) {
+				return err
+			}
+		}
+		log.Info(what+" failed; retrying", "reason", err.Error(), "in", delay.String())
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 30*time.Second)
+	}
+}
+
+func streamConfig(cfg *config.Config, layout natssink.SubjectLayout) natssink.StreamConfig {
+	s := cfg.NATS.Stream
+	return natssink.StreamConfig{
+		Name:       s.Name,
+		Subject:    layout.StreamSubject(),
+		Storage:    s.Storage,
+		Replicas:   s.Replicas,
+		MaxAge:     s.MaxAge,
+		MaxBytes:   s.MaxBytes,
+		MaxMsgs:    s.MaxMsgs,
+		Discard:    s.Discard,
+		Duplicates: s.Duplicates,
+	}
+}
+
+// streamEnsurer makes sure the stream exists and captures our subjects. It
+// retries while NATS is unreachable and stops the bridge when the stream
+// exists but does not capture our subjects: that needs an operator.
+type streamEnsurer struct {
+	nc     *nats.Conn
+	cfg    natssink.StreamConfig
+	create bool
+	log    logr.Logger
+	ready  atomic.Bool
+}
+
+// NeedLeaderElection is false: standbys report readiness too.
+func (s *streamEnsurer) NeedLeaderElection() bool { return false }
+
+func (s *streamEnsurer) Start(ctx context.Context) error {
+	js, err := jetstream.New(s.nc)
+	if err != nil {
+		return err
+	}
+	return retry(ctx, s.log, "stream setup", func(ctx context.Context) error {
+		if !s.nc.IsConnected() {
+			return fmt.Errorf("NATS %s", s.nc.Status())
+		}
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		info, err := natssink.EnsureStream(ctx, js, s.cfg, s.create)
+		if err != nil {
+			return err
+		}
+		s.ready.Store(true)
+		s.log.Info("stream ready", "stream", info.Config.Name, "subjects", info.Config.Subjects, "messages", info.State.Msgs)
+		return nil
+	}, natssink.ErrStreamConflict)
+}
+
+// recordLoader opens the record store when this replica becomes leader,
+// loads it (seeding it from Student status on an upgrade), and then queues
+// the records whose Students the cache does not have: deleted, or out of
+// scope, while no bridge ran.
+type recordLoader struct {
+	nc  *nats.Conn
+	cfg *config.Config
+	mgr manager.Manager
+	r   *reconciler.StudentReconciler
+	log logr.Logger
+}
+
+// NeedLeaderElection is true: only the leader publishes and writes records.
+func (l *recordLoader) NeedLeaderElection() bool { return true }
+
+func (l *recordLoader) Start(ctx context.Context) error {
+	if !l.mgr.GetCache().WaitForCacheSync(ctx) {
+		return nil
+	}
+	bucket := natssink.BucketConfig{Name: l.cfg.State.Bucket, Storage: l.cfg.State.Storage, Replicas: l.cfg.State.Replicas}
+	err := retry(ctx, l.log, "record store load", func(ctx context.Context) error {
+		if !l.nc.IsConnected() {
+			return fmt.Errorf("NATS %s", l.nc.Status())
+		}
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		store, err := natssink.EnsureBucket(ctx, l.nc, bucket, l.cfg.State.Create)
+		if err != nil {
+			return err
+		}
+		start := time.Now()
+		if err := l.r.Records.Load(ctx, store, reconciler.SeedFromStatus(l.mgr.GetClient())); err != nil {
+			return err
+		}
+		l.log.Info("record store loaded", "bucket", bucket.Name, "records", len(l.r.Records.All()), "took", time.Since(start).String())
+		return nil
+	}, natssink.ErrBucketShape)
+	if err != nil {
+		return fmt.Errorf("config key state.bucket: %w", err)
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	n, err := l.r.CatchUp(ctx, l.mgr.GetClient())
+	if err != nil && ctx.Err() == nil {
+		return err
+	}
+	if n > 0 {
+		l.log.Info("catching up with Students gone while no bridge ran", "records", n)
+	}
+	return nil
+}

@@ -1,0 +1,322 @@
+package reconciler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/sink"
+)
+
+var (
+	storeOps = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "student_bridge_record_store_operations_total",
+		Help: "Operations on the record store (the key-value bucket of what was published), by operation (load, put, delete) and result (success, conflict, error).",
+	}, []string{"op", "result"})
+	recordsGauge = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "student_bridge_records",
+		Help: "Students the bridge holds a published record of.",
+	})
+	unsavedGauge = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "student_bridge_records_unsaved",
+		Help: "Published records the record store has not accepted yet; while above 0 the bridge publishes nothing new.",
+	})
+)
+
+func init() {
+	metrics.Registry.MustRegister(storeOps, recordsGauge, unsavedGauge)
+}
+
+// Records is the bridge's memory of what it published: the record store
+// (a sink.Store, a JetStream key-value bucket in production), loaded once
+// and then kept current by the bridge's own writes. Reconciles read it
+// instead of the Student's status.
+//
+// A record whose write failed stays in memory as unsaved: the event is out,
+// so it must not be published again, and nothing new is published until the
+// store takes the write (fail closed: a store that cannot record would let a
+// restart republish everything).
+type Records struct {
+	store sink.Store
+
+	mu      sync.Mutex
+	byUID   map[types.UID]*entry
+	byName  map[types.NamespacedName][]types.UID
+	loaded  chan struct{}
+	once    sync.Once
+	// unsaved are the uids whose latest record the store has not taken.
+	unsaved map[types.UID]struct{}
+}
+
+type entry struct {
+	rec      studentv1.StudentRecord
+	revision uint64 // 0: not in the store
+}
+
+// NewRecords returns an empty view; Load fills it from a store.
+func NewRecords() *Records {
+	return &Records{
+		byUID:  map[types.UID]*entry{},
+		byName: map[types.NamespacedName][]types.UID{},
+		loaded:  make(chan struct{}),
+		unsaved: map[types.UID]struct{}{},
+	}
+}
+
+// Load reads every record of store, which Records then writes to. If the
+// store is empty and seed is not nil, it writes what seed returns first: the
+// records an earlier version of the bridge kept in Student status, so an
+// upgrade republishes nothing.
+func (r *Records) Load(ctx context.Context, store sink.Store, seed func(context.Context) ([]studentv1.StudentRecord, error)) error {
+	all, err := store.Load(ctx)
+	if err != nil {
+		storeOps.WithLabelValues("load", resultError).Inc()
+		return fmt.Errorf("load records: %w", err)
+	}
+	storeOps.WithLabelValues("load", resultSuccess).Inc()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.store = store
+	clear(r.byUID)
+	clear(r.byName)
+	clear(r.unsaved)
+	for _, rec := range all {
+		var sr studentv1.StudentRecord
+		if err := json.Unmarshal(rec.Value, &sr); err != nil || sr.UID == "" || string(sr.UID) != rec.Key {
+			// Not ours to interpret; leave it alone rather than guess.
+			continue
+		}
+		r.setLocked(sr, rec.Revision, true)
+	}
+	if len(all) == 0 && seed != nil {
+		seeded, err := seed(ctx)
+		if err != nil {
+			return fmt.Errorf("seed records from status: %w", err)
+		}
+		for _, sr := range seeded {
+			r.setLocked(sr, 0, false)
+		}
+		if err := r.flushLocked(ctx); err != nil {
+			return fmt.Errorf("seed records from status: %w", err)
+		}
+	}
+	recordsGauge.Set(float64(len(r.byUID)))
+	r.once.Do(func() { close(r.loaded) })
+	return nil
+}
+
+// Wait blocks until the first Load finished.
+func (r *Records) Wait(ctx context.Context) error {
+	select {
+	case <-r.loaded:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for the record store to load: %w", ctx.Err())
+	}
+}
+
+// Get returns the record of uid.
+func (r *Records) Get(uid types.UID) (studentv1.StudentRecord, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.byUID[uid]
+	if !ok {
+		return studentv1.StudentRecord{}, false
+	}
+	return e.rec, true
+}
+
+// ForName returns the records of every uid that had name key.
+func (r *Records) ForName(key types.NamespacedName) []studentv1.StudentRecord {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []studentv1.StudentRecord
+	for _, uid := range r.byName[key] {
+		out = append(out, r.byUID[uid].rec)
+	}
+	return out
+}
+
+// All returns every record.
+func (r *Records) All() []studentv1.StudentRecord {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]studentv1.StudentRecord, 0, len(r.byUID))
+	for _, e := range r.byUID {
+		out = append(out, e.rec)
+	}
+	return out
+}
+
+// Save writes rec to the store with compare-and-set. On a conflict the
+// record is read again (another writer owns the truth) and the error wraps
+// sink.ErrConflict. On any other failure rec is kept as unsaved and the
+// error returned: the event it records is out and must not go out again.
+func (r *Records) Save(ctx context.Context, rec studentv1.StudentRecord) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.setLocked(rec, r.revisionLocked(types.UID(rec.UID)), false)
+	return r.flushLocked(ctx)
+}
+
+// Flush writes the records whose write failed before. It returns nil once
+// the store holds everything this bridge published; only then may it
+// publish again.
+func (r *Records) Flush(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.flushLocked(ctx)
+}
+
+// Unsaved reports how many records wait for the store.
+func (r *Records) Unsaved() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.unsaved)
+}
+
+// Remove deletes the record of uid from the store and from memory.
+func (r *Records) Remove(ctx context.Context, uid types.UID) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.byUID[uid]
+	if !ok {
+		return nil
+	}
+	if e.revision != 0 {
+		err := r.store.Delete(ctx, string(uid), e.revision)
+		storeOps.WithLabelValues("delete", opResult(err)).Inc()
+		if errors.Is(err, sink.ErrConflict) {
+			r.rereadLocked(ctx, uid)
+			return fmt.Errorf("delete record %s: %w", uid, err)
+		}
+		if err != nil {
+			return fmt.Errorf("delete record %s: %w", uid, err)
+		}
+	}
+	r.dropLocked(uid)
+	recordsGauge.Set(float64(len(r.byUID)))
+	return nil
+}
+
+func (r *Records) flushLocked(ctx context.Context) error {
+	var errs []error
+	for uid := range r.unsaved {
+		e := r.byUID[uid]
+		value, err := json.Marshal(e.rec)
+		if err != nil {
+			return fmt.Errorf("encode record %s: %w", uid, err)
+		}
+		rev, err := r.store.Put(ctx, string(uid), value, e.revision)
+		storeOps.WithLabelValues("put", opResult(err)).Inc()
+		switch {
+		case err == nil:
+			e.revision = rev
+			delete(r.unsaved, uid)
+		case errors.Is(err, sink.ErrConflict), errors.Is(err, sink.ErrTooLarge):
+			// Another writer's record, or one that will never fit: what the
+			// store holds is the truth, and holding this one back would
+			// block every other Student.
+			r.rereadLocked(ctx, uid)
+			errs = append(errs, fmt.Errorf("write record %s: %w", uid, err))
+		default:
+			errs = append(errs, fmt.Errorf("write record %s: %w", uid, err))
+		}
+	}
+	unsavedGauge.Set(float64(len(r.unsaved)))
+	recordsGauge.Set(float64(len(r.byUID)))
+	return errors.Join(errs...)
+}
+
+// rereadLocked replaces the memory of uid with what the store holds.
+func (r *Records) rereadLocked(ctx context.Context, uid types.UID) {
+	rec, err := r.store.Get(ctx, string(uid))
+	var sr studentv1.StudentRecord
+	switch {
+	case errors.Is(err, sink.ErrNotFound):
+		r.dropLocked(uid)
+	case err == nil && json.Unmarshal(rec.Value, &sr) == nil:
+		r.setLocked(sr, rec.Revision, true)
+	}
+}
+
+func (r *Records) revisionLocked(uid types.UID) uint64 {
+	if e, ok := r.byUID[uid]; ok {
+		return e.revision
+	}
+	return 0
+}
+
+func (r *Records) setLocked(rec studentv1.StudentRecord, revision uint64, saved bool) {
+	uid := types.UID(rec.UID)
+	key := types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}
+	if _, ok := r.byUID[uid]; !ok {
+		r.byName[key] = append(r.byName[key], uid)
+	}
+	if saved {
+		delete(r.unsaved, uid)
+	} else {
+		r.unsaved[uid] = struct{}{}
+	}
+	r.byUID[uid] = &entry{rec: rec, revision: revision}
+}
+
+func (r *Records) dropLocked(uid types.UID) {
+	e, ok := r.byUID[uid]
+	if !ok {
+		return
+	}
+	delete(r.unsaved, uid)
+	delete(r.byUID, uid)
+	key := types.NamespacedName{Namespace: e.rec.Namespace, Name: e.rec.Name}
+	uids := r.byName[key]
+	for i, u := range uids {
+		if u == uid {
+			uids = append(uids[:i], uids[i+1:]...)
+			break
+		}
+	}
+	if len(uids) == 0 {
+		delete(r.byName, key)
+	} else {
+		r.byName[key] = uids
+	}
+}
+
+func opResult(err error) string {
+	switch {
+	case err == nil:
+		return resultSuccess
+	case errors.Is(err, sink.ErrConflict):
+		return "conflict"
+	}
+	return resultError
+}
+
+// SeedFromStatus returns the records that Students' status.lastPublished
+// held before the record store existed, read from reader (the manager's
+// cache, so only Students the bridge watches).
+func SeedFromStatus(reader client.Reader) func(context.Context) ([]studentv1.StudentRecord, error) {
+	return func(ctx context.Context) ([]studentv1.StudentRecord, error) {
+		var list studentv1.StudentList
+		if err := reader.List(ctx, &list); err != nil {
+			return nil, fmt.Errorf("list students: %w", err)
+		}
+		var out []studentv1.StudentRecord
+		for _, s := range list.Items {
+			if s.Status.LastPublished == nil {
+				continue
+			}
+			out = append(out, studentv1.StudentRecord{Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Published: *s.Status.LastPublished})
+		}
+		return out, nil
+	}
+}

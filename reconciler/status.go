@@ -1,0 +1,159 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+)
+
+var statusWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "student_bridge_status_writes_total",
+	Help: "Status writes of the status view, by result (success, error).",
+}, []string{"result"})
+
+func init() {
+	metrics.Registry.MustRegister(statusWrites)
+}
+
+// StatusWriter writes the status view of Students after the fact: what the
+// bridge published is already in the record store, the status only shows
+// it to people. Writes are coalesced per Student (the latest view wins when
+// the write happens), at most QPS per second, and wait while Busy says
+// changes are waiting for the API server; failures skip that wait, so a
+// stuck Student shows why promptly.
+type StatusWriter struct {
+	// Client reads Students from the cache and patches their status.
+	Client client.Client
+	// View returns the status stu should show.
+	View func(stu *studentv1.Student) studentv1.StudentStatus
+	// QPS bounds the writes per second.
+	QPS float64
+	// Busy reports that changes are waiting; nil never waits.
+	Busy func() bool
+	Log  logr.Logger
+
+	queue   workqueue.TypedInterface[types.NamespacedName]
+	limiter *rate.Limiter
+}
+
+// NewStatusWriter returns a StatusWriter; add it to the manager to run it.
+func NewStatusWriter(c client.Client, view func(*studentv1.Student) studentv1.StudentStatus, qps float64, busy func() bool, log logr.Logger) *StatusWriter {
+	return &StatusWriter{
+		Client:  c,
+		View:    view,
+		QPS:     qps,
+		Busy:    busy,
+		Log:     log,
+		queue:   workqueue.NewTyped[types.NamespacedName](),
+		limiter: rate.NewLimiter(rate.Limit(qps), 1),
+	}
+}
+
+// Enqueue asks for the status of key to be written; asking again before the
+// write costs nothing.
+func (w *StatusWriter) Enqueue(key types.NamespacedName) {
+	if w != nil {
+		w.queue.Add(key)
+	}
+}
+
+// NeedLeaderElection is true: only the replica that publishes knows the view.
+func (w *StatusWriter) NeedLeaderElection() bool { return true }
+
+// Start writes until ctx is cancelled.
+func (w *StatusWriter) Start(ctx context.Context) error {
+	go func() {
+		<-ctx.Done()
+		w.queue.ShutDown()
+	}()
+	for {
+		key, shutdown := w.queue.Get()
+		if shutdown {
+			return nil
+		}
+		if err := w.write(ctx, key); err != nil {
+			statusWrites.WithLabelValues(resultError).Inc()
+			w.Log.V(1).Info("status write failed", "student", key.String(), "reason", err.Error())
+		}
+		w.queue.Done(key)
+	}
+}
+
+func (w *StatusWriter) write(ctx context.Context, key types.NamespacedName) error {
+	var stu studentv1.Student
+	if err := w.Client.Get(ctx, key, &stu); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	view := w.View(&stu)
+	if equality.Semantic.DeepEqual(stu.Status, view) {
+		return nil
+	}
+	if !failing(view) {
+		for w.Busy != nil && w.Busy() {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	if err := w.limiter.Wait(ctx); err != nil {
+		return nil // shutting down
+	}
+	// Read again: the wait may have been long, and the view must be of the
+	// Student as it is now.
+	if err := w.Client.Get(ctx, key, &stu); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	orig := stu.DeepCopy()
+	stu.Status = w.View(&stu)
+	if equality.Semantic.DeepEqual(orig.Status, stu.Status) {
+		return nil
+	}
+	// Conditional on the resourceVersion the view was computed from: a
+	// stale view never lands (nor on a Student re-created with the name).
+	if err := w.Client.Status().Patch(ctx, &stu, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+		if apierrors.IsConflict(err) {
+			w.queue.Add(key) // written again from a fresher cache
+			return nil
+		}
+		return client.IgnoreNotFound(fmt.Errorf("write status of %s: %w", key, err))
+	}
+	statusWrites.WithLabelValues(resultSuccess).Inc()
+	return nil
+}
+
+func failing(s studentv1.StudentStatus) bool {
+	c := meta.FindStatusCondition(s.Conditions, studentv1.ConditionPublished)
+	return c != nil && c.Status == metav1.ConditionFalse
+}
+
+// StatusView is the status stu shows, given its record (nil if nothing was
+// published) and the last publish failure (nil if none). Conditions other
+// than Published are kept as they are.
+func StatusView(stu *studentv1.Student, rec *studentv1.StudentRecord, failure error) studentv1.StudentStatus {
+	s := *stu.Status.DeepCopy()
+	var last *studentv1.PublishedEvent
+	if rec != nil && !rec.Pending {
+		p := rec.Published
+		last = &p
+	}
+	s.LastPublished = last
+	s.ObservedGeneration = stu.Generation
+	meta.SetStatusCondition(&s.Conditions, publishedCondition(stu, last, failure))
+	return s
+}

@@ -1,0 +1,158 @@
+package natssink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/student-bridge/student-bridge/sink"
+)
+
+// BucketConfig is what the bridge asks of its record store bucket.
+type BucketConfig struct {
+	// Name of the key-value bucket, e.g. STUDENT_BRIDGE_PUBLISHED.
+	Name string
+	// Storage is "file" or "memory".
+	Storage string
+	// Replicas is the number of replicas (1 for a single server).
+	Replicas int
+}
+
+// ErrBucketShape: the bucket exists but cannot serve as the record store
+// (its keys expire). The bridge never changes an existing bucket.
+var ErrBucketShape = errors.New("natssink: bucket cannot hold the records")
+
+// KV is a sink.Store on a JetStream key-value bucket. Every write is a
+// compare-and-set on the key's revision.
+type KV struct {
+	nc *nats.Conn
+	kv jetstream.KeyValue
+}
+
+var _ sink.Store = (*KV)(nil)
+
+// EnsureBucket returns the record store on bucket cfg.Name, creating the
+// bucket first (one revision per key, no expiry) if it is missing and create
+// is true. An existing bucket is never changed; one whose keys expire is
+// refused with an error wrapping ErrBucketShape.
+func EnsureBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create bool) (*KV, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("natssink: jetstream: %w", err)
+	}
+	kv, err := js.KeyValue(ctx, cfg.Name)
+	switch {
+	case errors.Is(err, jetstream.ErrBucketNotFound) && create:
+		storage := jetstream.FileStorage
+		if cfg.Storage == "memory" {
+			storage = jetstream.MemoryStorage
+		}
+		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+			Bucket:      cfg.Name,
+			Description: "What student-bridge published per Student uid",
+			History:     1,
+			Storage:     storage,
+			Replicas:    cfg.Replicas,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("create bucket %s: %w", cfg.Name, err)
+		}
+	case err != nil:
+		return nil, fmt.Errorf("look up bucket %s: %w", cfg.Name, err)
+	}
+	status, err := kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s status: %w", cfg.Name, err)
+	}
+	if status.TTL() > 0 {
+		return nil, fmt.Errorf("%w: bucket %s expires keys after %s, and an expired record would be published again; use a bucket without TTL",
+			ErrBucketShape, cfg.Name, status.TTL())
+	}
+	return &KV{nc: nc, kv: kv}, nil
+}
+
+// Load implements sink.Store with one watch of every key. Delete markers
+// older than a minute are purged first, so they do not pile up.
+func (s *KV) Load(ctx context.Context) ([]sink.Record, error) {
+	if err := s.kv.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(time.Minute)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, s.classify("purge delete markers", err)
+	}
+	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, s.classify("watch", err)
+	}
+	defer func() { _ = w.Stop() }()
+	var out []sink.Record
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, s.classify("watch", sink.ErrClosed)
+			}
+			if e == nil { // every current key has been delivered
+				return out, nil
+			}
+			out = append(out, sink.Record{Key: e.Key(), Value: e.Value(), Revision: e.Revision()})
+		}
+	}
+}
+
+// Get implements sink.Store.
+func (s *KV) Get(ctx context.Context, key string) (sink.Record, error) {
+	e, err := s.kv.Get(ctx, key)
+	if err != nil {
+		return sink.Record{}, s.classify("get "+key, err)
+	}
+	return sink.Record{Key: key, Value: e.Value(), Revision: e.Revision()}, nil
+}
+
+// Put implements sink.Store: a create when revision is 0, else an update at
+// revision.
+func (s *KV) Put(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
+	var rev uint64
+	var err error
+	if revision == 0 {
+		rev, err = s.kv.Create(ctx, key, value)
+	} else {
+		rev, err = s.kv.Update(ctx, key, value, revision)
+	}
+	if err != nil {
+		return 0, s.classify("put "+key, err)
+	}
+	return rev, nil
+}
+
+// Delete implements sink.Store.
+func (s *KV) Delete(ctx context.Context, key string, revision uint64) error {
+	if err := s.kv.Delete(ctx, key, jetstream.LastRevision(revision)); err != nil {
+		return s.classify("delete "+key, err)
+	}
+	return nil
+}
+
+// classify wraps err with the sink sentinel that says what the caller can do.
+func (s *KV) classify(op string, err error) error {
+	var apiErr *jetstream.APIError
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+		return fmt.Errorf("%w: %s: %w", sink.ErrNotFound, op, err)
+	case errors.Is(err, jetstream.ErrKeyExists), errors.Is(err, jetstream.ErrKeyRevisionMismatch),
+		errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant):
+		return fmt.Errorf("%w: %s: %w", sink.ErrConflict, op, err)
+	case errors.Is(err, nats.ErrMaxPayload):
+		return fmt.Errorf("%w: %s: %w", sink.ErrTooLarge, op, err)
+	case errors.As(err, &apiErr):
+		return fmt.Errorf("%w: %s: %w", sink.ErrRejected, op, err)
+	case errors.Is(err, nats.ErrConnectionClosed):
+		return fmt.Errorf("%w: %s: %w", sink.ErrClosed, op, err)
+	case !s.nc.IsConnected():
+		return fmt.Errorf("%w: %s: %w", sink.ErrNotConnected, op, err)
+	}
+	return fmt.Errorf("record store: %s: %w", op, err)
+}
