@@ -47,11 +47,11 @@ func init() {
 type Records struct {
 	store sink.Store
 
-	mu      sync.Mutex
-	byUID   map[types.UID]*entry
-	byName  map[types.NamespacedName][]types.UID
-	loaded  chan struct{}
-	once    sync.Once
+	mu     sync.Mutex
+	byUID  map[types.UID]*entry
+	byName map[types.NamespacedName][]types.UID
+	loaded chan struct{}
+	once   sync.Once
 	// unsaved are the uids whose latest record the store has not taken.
 	unsaved map[types.UID]struct{}
 }
@@ -64,8 +64,8 @@ type entry struct {
 // NewRecords returns an empty view; Load fills it from a store.
 func NewRecords() *Records {
 	return &Records{
-		byUID:  map[types.UID]*entry{},
-		byName: map[types.NamespacedName][]types.UID{},
+		byUID:   map[types.UID]*entry{},
+		byName:  map[types.NamespacedName][]types.UID{},
 		loaded:  make(chan struct{}),
 		unsaved: map[types.UID]struct{}{},
 	}

@@ -22,28 +22,28 @@ const EnvPrefix = "STUDENT_BRIDGE"
 
 // Config is the whole configuration of the bridge.
 type Config struct {
-	Kubeconfig     string         `mapstructure:"kubeconfig"`
-	Master         string         `mapstructure:"master"`
-	Cluster        string         `mapstructure:"cluster"`
-	Namespaces     []string       `mapstructure:"namespaces"`
-	LabelSelector  string         `mapstructure:"labelSelector"`
-	Workers        int            `mapstructure:"workers"`
-	KubeAPIQPS     float32        `mapstructure:"kubeAPIQPS"`
-	KubeAPIBurst   int            `mapstructure:"kubeAPIBurst"`
-	MetricsAddr    string         `mapstructure:"metricsAddr"`
-	HealthAddr     string         `mapstructure:"healthAddr"`
-	PprofAddr      string         `mapstructure:"pprofAddr"`
-	KubernetesEvents    bool    `mapstructure:"kubernetesEvents"`
-	KubernetesEventsQPS float64 `mapstructure:"kubernetesEventsQPS"`
-	LeaderElection LeaderElection `mapstructure:"leaderElection"`
-	Retry          Retry          `mapstructure:"retry"`
-	NATS           NATS           `mapstructure:"nats"`
-	ShutdownTimeout time.Duration `mapstructure:"shutdownTimeout"`
-	Snapshot       Snapshot       `mapstructure:"snapshot"`
-	State          State          `mapstructure:"state"`
-	Deletes        Deletes        `mapstructure:"deletes"`
-	Status         Status         `mapstructure:"status"`
-	Tail           Tail           `mapstructure:"tail"`
+	Kubeconfig          string         `mapstructure:"kubeconfig"`
+	Master              string         `mapstructure:"master"`
+	Cluster             string         `mapstructure:"cluster"`
+	Namespaces          []string       `mapstructure:"namespaces"`
+	LabelSelector       string         `mapstructure:"labelSelector"`
+	Workers             int            `mapstructure:"workers"`
+	KubeAPIQPS          float32        `mapstructure:"kubeAPIQPS"`
+	KubeAPIBurst        int            `mapstructure:"kubeAPIBurst"`
+	MetricsAddr         string         `mapstructure:"metricsAddr"`
+	HealthAddr          string         `mapstructure:"healthAddr"`
+	PprofAddr           string         `mapstructure:"pprofAddr"`
+	KubernetesEvents    bool           `mapstructure:"kubernetesEvents"`
+	KubernetesEventsQPS float64        `mapstructure:"kubernetesEventsQPS"`
+	LeaderElection      LeaderElection `mapstructure:"leaderElection"`
+	Retry               Retry          `mapstructure:"retry"`
+	NATS                NATS           `mapstructure:"nats"`
+	ShutdownTimeout     time.Duration  `mapstructure:"shutdownTimeout"`
+	Snapshot            Snapshot       `mapstructure:"snapshot"`
+	State               State          `mapstructure:"state"`
+	Deletes             Deletes        `mapstructure:"deletes"`
+	Status              Status         `mapstructure:"status"`
+	Tail                Tail           `mapstructure:"tail"`
 }
 
 // State configures the record store: the JetStream key-value bucket that
