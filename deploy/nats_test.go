@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -153,6 +155,27 @@ func TestShippedNATSConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The record store works with the shipped permissions: the record is
+	// written, and removed once the Student's deletion is published.
+	bridgeKV := recordStore(t, url)
+	if err := stack.Eventually(30*time.Second, func() error {
+		_, err := bridgeKV.Get(ctx, string(stu.UID))
+		return err
+	}); err != nil {
+		t.Fatalf("record of %s: %v", stu.Name, err)
+	}
+	if err := st.Client.Delete(ctx, stu); err != nil {
+		t.Fatal(err)
+	}
+	if err := stack.Eventually(30*time.Second, func() error {
+		if _, err := bridgeKV.Get(ctx, string(stu.UID)); !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted) {
+			return fmt.Errorf("record still there after the delete (%v)", err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
 	expectViolation(t, consumer, consumerErrs, "student.created")
 	bridgeConn, bridgeErrs := connectAs(t, url, "bridge", "bridge-secret")
 	expectViolation(t, bridgeConn, bridgeErrs, "billing.invoice")
@@ -160,4 +183,26 @@ func TestShippedNATSConfig(t *testing.T) {
 	if _, err := nats.Connect(url, nats.UserInfo("bridge", "wrong")); err == nil || !strings.Contains(strings.ToLower(err.Error()), "authorization") {
 		t.Errorf("a wrong password was not refused: %v", err)
 	}
+}
+
+// recordStore opens the bridge's record store as the bridge's own user.
+func recordStore(t *testing.T, url string) jetstream.KeyValue {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.UserInfo("bridge", "bridge-secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kv jetstream.KeyValue
+	if err := stack.Eventually(30*time.Second, func() error {
+		kv, err = js.KeyValue(context.Background(), "STUDENT_BRIDGE_PUBLISHED")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return kv
 }

@@ -142,6 +142,12 @@ func (r *StudentReconciler) reconcileNormal(ctx context.Context, stu *studentv1.
 		if err := r.publish(ctx, stu, typ, last); err != nil {
 			return err
 		}
+	} else if r.Records.Unsaved() > 0 {
+		// Nothing new, but records wait for the store: until it takes
+		// them a restart would publish them again, so keep retrying.
+		if err := r.Records.Flush(ctx); err != nil {
+			return r.failed(client.ObjectKeyFromObject(stu), fmt.Errorf("the record store holds back %d record(s): %w", r.Records.Unsaved(), err))
+		}
 	}
 	r.Status.Enqueue(client.ObjectKeyFromObject(stu))
 	return nil

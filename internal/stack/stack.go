@@ -68,9 +68,9 @@ type Stack struct {
 // fail until it is back.
 func (s *Stack) KillAPIServer() error {
 	var pids []int
-	for _, p := range childProcs() {
-		if p.comm == "kube-apiserver" {
-			pids = append(pids, p.pid)
+	for _, p := range Children() {
+		if p.Comm == "kube-apiserver" {
+			pids = append(pids, p.PID)
 		}
 	}
 	if len(pids) != 1 {
@@ -89,76 +89,36 @@ func (s *Stack) KillAPIServer() error {
 	return nil
 }
 
-// ControlPlaneCPU returns the CPU seconds (user and system) that this
-// process's kube-apiserver and etcd children have used so far.
-func ControlPlaneCPU() float64 {
-	var total float64
-	for _, p := range childProcs() {
-		if p.comm == "kube-apiserver" || p.comm == "etcd" {
-			total += p.cpu()
-		}
-	}
-	return total
+// Child is a child process of this process.
+type Child struct {
+	PID  int
+	Comm string // the command name, e.g. kube-apiserver
 }
 
-// ProcessCPU returns the CPU seconds (user and system) process pid has used.
-func ProcessCPU(pid int) float64 {
-	p, ok := readProcStat(fmt.Sprintf("/proc/%d/stat", pid))
-	if !ok {
-		return 0
-	}
-	return p.cpu()
-}
-
-// procStat is a parsed /proc/PID/stat: "pid (comm) state ppid ...".
-type procStat struct {
-	pid  int
-	comm string
-	// fields follow comm: state, ppid, ... (proc(5) numbers them from 3).
-	fields []string
-}
-
-func readProcStat(path string) (procStat, bool) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return procStat{}, false
-	}
-	line := string(b)
-	open, end := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
-	if open < 0 || end < open {
-		return procStat{}, false
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(line[:open]))
-	if err != nil {
-		return procStat{}, false
-	}
-	return procStat{pid: pid, comm: line[open+1 : end], fields: strings.Fields(line[end+1:])}, true
-}
-
-func (p procStat) ppid() string { return p.field(1) }
-
-func (p procStat) field(i int) string {
-	if i >= len(p.fields) {
-		return ""
-	}
-	return p.fields[i]
-}
-
-func (p procStat) cpu() float64 {
-	ut, _ := strconv.ParseFloat(p.field(11), 64)
-	st, _ := strconv.ParseFloat(p.field(12), 64)
-	return (ut + st) / 100 // USER_HZ
-}
-
-// childProcs lists this process's children.
-func childProcs() []procStat {
+// Children lists this process's child processes (from /proc): the control
+// plane the stack started, for KillAPIServer and the benchmark's CPU
+// accounting.
+func Children() []Child {
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	me := strconv.Itoa(os.Getpid())
-	var kids []procStat
+	var kids []Child
 	for _, path := range stats {
-		if p, ok := readProcStat(path); ok && p.ppid() == me {
-			kids = append(kids, p)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
 		}
+		// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+		line := string(b)
+		open, end := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(line[:open]))
+		fields := strings.Fields(line[end+1:])
+		if err != nil || len(fields) < 2 || fields[1] != me {
+			continue
+		}
+		kids = append(kids, Child{PID: pid, Comm: line[open+1 : end]})
 	}
 	return kids
 }

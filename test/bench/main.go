@@ -235,7 +235,7 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 			}
 		}()
 	}
-	cpu0, cp0 := cpuSeconds(), stack.ControlPlaneCPU()
+	cpu0, cp0 := cpuSeconds(), controlPlaneCPU()
 	var behind bool
 	if v.k8s {
 		behind = generate(ctx, e.st.Client, r.ns, rate, durationFor(rate), r.tr, uint64(time.Now().UnixNano()))
@@ -243,7 +243,7 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 		behind = publishCeiling(ctx, e, r, rate, durationFor(rate))
 	}
 	settle(r.tr)
-	cpu, cpCPU := cpuSeconds()-cpu0, stack.ControlPlaneCPU()-cp0
+	cpu, cpCPU := cpuSeconds()-cpu0, controlPlaneCPU()-cp0
 	stop()
 	res := r.tr.result(v.name, rate)
 	if os.Getenv("BENCH_DEBUG") != "" {
@@ -391,7 +391,7 @@ func spread(d []time.Duration) string {
 }
 
 // cpuSeconds is this process's user+system CPU time.
-func cpuSeconds() float64 { return stack.ProcessCPU(os.Getpid()) }
+func cpuSeconds() float64 { return processCPU(os.Getpid()) }
 
 // procStatus reads a field (kB) of /proc/<pid>/status.
 func procStatus(pid int, field string) int64 {

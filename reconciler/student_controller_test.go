@@ -1,0 +1,376 @@
+package reconciler_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"testing"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/reconciler"
+	"github.com/student-bridge/student-bridge/sink"
+	"github.com/student-bridge/student-bridge/sink/sinktest"
+)
+
+// These tests drive Reconcile directly, one call at a time, against a real
+// API server, with in-memory fakes of the sink interfaces: how a change, a
+// delete and a failure are handled, readable step by step.
+
+var st *stack.Stack
+
+func TestMain(m *testing.M) {
+	os.Exit(stack.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
+}
+
+var nsCounter atomic.Int32
+
+// fixture is one reconciler with its fakes, in a namespace of its own.
+type fixture struct {
+	t     *testing.T
+	ns    string
+	sink  *sinktest.Sink
+	store *sinktest.Store
+	r     *reconciler.StudentReconciler
+}
+
+func newFixture(t *testing.T, holdWithFinalizer bool) *fixture {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: fmt.Sprintf("rec%d-", nsCounter.Add(1))}}
+	if err := st.Client.Create(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{t: t, ns: ns.Name, sink: &sinktest.Sink{}, store: &sinktest.Store{}}
+	f.r = &reconciler.StudentReconciler{
+		Client:            st.Client,
+		Sink:              f.sink,
+		Records:           reconciler.NewRecords(),
+		HoldWithFinalizer: holdWithFinalizer,
+		Recorder:          nopRecorder{},
+		Cluster:           "test",
+	}
+	f.load()
+	return f
+}
+
+// load (re)loads the records from the store, as a bridge does at start.
+func (f *fixture) load() {
+	f.t.Helper()
+	if err := f.r.Records.Load(context.Background(), f.store, nil); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) create(name string, labels map[string]string) *studentv1.Student {
+	f.t.Helper()
+	s := &studentv1.Student{
+		ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name, Labels: labels},
+		Spec:       studentv1.StudentSpec{Name: "wang", School: "china"},
+	}
+	if err := st.Client.Create(context.Background(), s); err != nil {
+		f.t.Fatal(err)
+	}
+	return s
+}
+
+func (f *fixture) get(name string) *studentv1.Student {
+	f.t.Helper()
+	var s studentv1.Student
+	if err := st.Client.Get(context.Background(), client.ObjectKey{Namespace: f.ns, Name: name}, &s); err != nil {
+		f.t.Fatal(err)
+	}
+	return &s
+}
+
+func (f *fixture) update(name string, change func(*studentv1.Student)) {
+	f.t.Helper()
+	s := f.get(name)
+	change(s)
+	if err := st.Client.Update(context.Background(), s); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) delete(name string) {
+	f.t.Helper()
+	if err := st.Client.Delete(context.Background(), &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: f.ns, Name: name}}); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) reconcile(name string) error {
+	_, err := f.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: f.ns, Name: name}})
+	return err
+}
+
+func (f *fixture) mustReconcile(name string) {
+	f.t.Helper()
+	if err := f.reconcile(name); err != nil {
+		f.t.Fatalf("reconcile %s: %v", name, err)
+	}
+}
+
+// events returns the types of the published events, in order.
+func (f *fixture) events() []string {
+	var out []string
+	for _, ev := range f.sink.Events() {
+		out = append(out, studentv1.Operation(ev.Type()))
+	}
+	return out
+}
+
+func (f *fixture) requireEvents(want ...string) []cloudevents.Event {
+	f.t.Helper()
+	if got := f.events(); fmt.Sprint(got) != fmt.Sprint(want) {
+		f.t.Fatalf("published %v, want %v", got, want)
+	}
+	return f.sink.Events()
+}
+
+func data(t *testing.T, ev cloudevents.Event) studentv1.StudentEventData {
+	t.Helper()
+	var d studentv1.StudentEventData
+	if err := ev.DataAs(&d); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func (f *fixture) record(uid types.UID) (studentv1.StudentRecord, bool) {
+	f.t.Helper()
+	rec, err := f.store.Get(context.Background(), string(uid))
+	if errors.Is(err, sink.ErrNotFound) {
+		return studentv1.StudentRecord{}, false
+	}
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var sr studentv1.StudentRecord
+	if err := json.Unmarshal(rec.Value, &sr); err != nil {
+		f.t.Fatal(err)
+	}
+	return sr, true
+}
+
+// TestLifecycle: create, update, relabel, no-op, delete with the finalizer
+// policy: one event each, the record follows, and the Student is held until
+// its deleted event is out.
+func TestLifecycle(t *testing.T) {
+	f := newFixture(t, true)
+	stu := f.create("object-name", nil)
+
+	f.mustReconcile("object-name")
+	if !controllerutil.ContainsFinalizer(f.get("object-name"), studentv1.Finalizer) {
+		t.Error("no finalizer after the first reconcile")
+	}
+	created := f.requireEvents("created")[0]
+	if rec, ok := f.record(stu.UID); !ok || rec.Pending || rec.Published.ID != created.ID() || rec.Published.Sequence != 1 {
+		t.Errorf("record after created: %+v (found %v)", rec, ok)
+	}
+
+	f.update("object-name", func(s *studentv1.Student) { s.Spec.School = "beijing" })
+	f.mustReconcile("object-name")
+	f.update("object-name", func(s *studentv1.Student) { s.Labels = map[string]string{"year": "2"} })
+	f.mustReconcile("object-name")
+	f.update("object-name", func(s *studentv1.Student) { s.Annotations = map[string]string{"note": "not a change"} })
+	f.mustReconcile("object-name")
+	evs := f.requireEvents("created", "updated", "updated")
+	if d := data(t, evs[1]); d.Spec.School != "beijing" || d.PreviousSpec == nil || d.PreviousSpec.School != "china" {
+		t.Errorf("updated data: spec %+v previous %+v", d.Spec, d.PreviousSpec)
+	}
+	if d := data(t, evs[2]); d.Metadata.Labels["year"] != "2" {
+		t.Errorf("relabel data: labels %v", d.Metadata.Labels)
+	}
+
+	f.delete("object-name")
+	if f.get("object-name").DeletionTimestamp.IsZero() {
+		t.Fatal("the finalizer did not hold the Student")
+	}
+	f.mustReconcile("object-name")
+	evs = f.requireEvents("created", "updated", "updated", "deleted")
+	if d := data(t, evs[3]); d.Spec.School != "beijing" || d.Metadata.Labels["year"] != "2" {
+		t.Errorf("deleted event does not carry the final state: %+v", d)
+	}
+	if err := st.Client.Get(context.Background(), client.ObjectKeyFromObject(stu), &studentv1.Student{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the Student is still there after its deleted event: %v", err)
+	}
+	if _, ok := f.record(stu.UID); ok {
+		t.Error("the record outlived the Student")
+	}
+	f.mustReconcile("object-name")
+	f.requireEvents("created", "updated", "updated", "deleted")
+}
+
+// TestFailedPublishHoldsTheDelete: while the broker refuses, the deleted
+// Student stays held and the error is returned for a retry.
+func TestFailedPublishHoldsTheDelete(t *testing.T) {
+	f := newFixture(t, true)
+	f.create("held", nil)
+	f.mustReconcile("held")
+	f.delete("held")
+
+	f.sink.Fail(fmt.Errorf("%w: broker down", sink.ErrNotConnected))
+	if err := f.reconcile("held"); !errors.Is(err, sink.ErrNotConnected) {
+		t.Fatalf("reconcile while the broker is down: %v, want ErrNotConnected", err)
+	}
+	if !controllerutil.ContainsFinalizer(f.get("held"), studentv1.Finalizer) {
+		t.Fatal("the finalizer was removed although the deleted event is not out")
+	}
+	f.sink.Fail(nil)
+	f.mustReconcile("held")
+	f.requireEvents("created", "deleted")
+}
+
+// TestDeletedWithoutFinalizer: with the policy off the bridge writes nothing
+// to the Student, and a delete it did not see (no watch here) is published
+// from the record, with the last published state.
+func TestDeletedWithoutFinalizer(t *testing.T) {
+	f := newFixture(t, false)
+	stu := f.create("free", nil)
+	f.mustReconcile("free")
+	if s := f.get("free"); len(s.Finalizers) != 0 || s.ResourceVersion != stu.ResourceVersion {
+		t.Errorf("the bridge wrote to the Student: finalizers %v, resourceVersion %s -> %s", s.Finalizers, stu.ResourceVersion, s.ResourceVersion)
+	}
+	f.delete("free")
+	f.mustReconcile("free")
+	evs := f.requireEvents("created", "deleted")
+	if d := data(t, evs[1]); d.Metadata.UID != string(stu.UID) || d.Spec != stu.Spec {
+		t.Errorf("deleted event: %+v", d)
+	}
+	if _, ok := f.record(stu.UID); ok {
+		t.Error("the record outlived the Student")
+	}
+}
+
+// TestReplacedWhileAway: a Student deleted and created again under the same
+// name between two reconciles gets the old one's deleted, then its own
+// created.
+func TestReplacedWhileAway(t *testing.T) {
+	f := newFixture(t, false)
+	old := f.create("again", nil)
+	f.mustReconcile("again")
+	f.delete("again")
+	replacement := f.create("again", map[string]string{"round": "2"})
+	f.mustReconcile("again")
+	evs := f.requireEvents("created", "deleted", "created")
+	if data(t, evs[1]).Metadata.UID != string(old.UID) || data(t, evs[2]).Metadata.UID != string(replacement.UID) {
+		t.Errorf("uids: deleted %s, created %s; want %s then %s", data(t, evs[1]).Metadata.UID, data(t, evs[2]).Metadata.UID, old.UID, replacement.UID)
+	}
+}
+
+// TestTooLargeIsTerminal: an event the broker will never take is not
+// retried; the Student waits for a change.
+func TestTooLargeIsTerminal(t *testing.T) {
+	f := newFixture(t, false)
+	f.create("huge", nil)
+	f.sink.Fail(fmt.Errorf("%w: 3 MB", sink.ErrTooLarge))
+	err := f.reconcile("huge")
+	if !errors.Is(err, reconcile.TerminalError(nil)) || !errors.Is(err, sink.ErrTooLarge) {
+		t.Fatalf("reconcile: %v, want a terminal error wrapping ErrTooLarge", err)
+	}
+	view := f.r.View(f.get("huge"))
+	if c := findPublished(view); c == nil || c.Status != metav1.ConditionFalse || c.Reason != studentv1.ReasonInvalid {
+		t.Errorf("status view's Published condition: %+v", c)
+	}
+}
+
+// TestRecordStoreFailureClosesPublishing: an event acknowledged but not
+// recorded is kept in memory, not published again, and nothing new goes out
+// until the store takes the record.
+func TestRecordStoreFailureClosesPublishing(t *testing.T) {
+	f := newFixture(t, false)
+	first := f.create("first", nil)
+	f.create("second", nil)
+	f.mustReconcile("first")
+
+	f.update("first", func(s *studentv1.Student) { s.Spec.School = "beijing" })
+	f.store.Fail(fmt.Errorf("%w: bucket unavailable", sink.ErrNotConnected))
+	if err := f.reconcile("first"); err == nil {
+		t.Fatal("reconcile succeeded while the record store refused the write")
+	}
+	f.requireEvents("created", "updated")
+	if err := f.reconcile("first"); err == nil {
+		t.Fatal("second reconcile succeeded while the record store refused the write")
+	}
+	if err := f.reconcile("second"); err == nil {
+		t.Fatal("a new Student was handled while a record waits for the store")
+	}
+	f.requireEvents("created", "updated")
+
+	f.store.Fail(nil)
+	f.mustReconcile("second")
+	f.mustReconcile("first")
+	f.requireEvents("created", "updated", "created")
+	if rec, ok := f.record(first.UID); !ok || rec.Published.Type != studentv1.EventTypeUpdated {
+		t.Errorf("record of first after the store came back: %+v", rec)
+	}
+}
+
+// TestRestartRepublishesNothing: a reconciler that loads the records of an
+// earlier one publishes nothing for unchanged Students.
+func TestRestartRepublishesNothing(t *testing.T) {
+	f := newFixture(t, true)
+	for _, n := range []string{"a", "b"} {
+		f.create(n, nil)
+		f.mustReconcile(n)
+	}
+	f.r = &reconciler.StudentReconciler{Client: st.Client, Sink: f.sink, Records: reconciler.NewRecords(), HoldWithFinalizer: true, Recorder: nopRecorder{}, Cluster: "test"}
+	f.load()
+	f.mustReconcile("a")
+	f.mustReconcile("b")
+	f.requireEvents("created", "created")
+}
+
+// TestWriteAhead: a Student's first event is recorded as pending before it
+// goes out, so a bridge that stops right after the publish still knows it.
+func TestWriteAhead(t *testing.T) {
+	f := newFixture(t, false)
+	stu := f.create("early", nil)
+	var seen *studentv1.StudentRecord
+	f.r.Sink = sinkFunc(func(ctx context.Context, ev cloudevents.Event) (sink.Receipt, error) {
+		if rec, ok := f.record(stu.UID); ok {
+			seen = &rec
+		}
+		return f.sink.Publish(ctx, ev)
+	})
+	f.mustReconcile("early")
+	if seen == nil || !seen.Pending || seen.Published.Type != studentv1.EventTypeCreated {
+		t.Fatalf("record while the first event went out: %+v", seen)
+	}
+	if rec, _ := f.record(stu.UID); rec.Pending {
+		t.Error("record still pending after the ack")
+	}
+}
+
+type sinkFunc func(context.Context, cloudevents.Event) (sink.Receipt, error)
+
+func (f sinkFunc) Publish(ctx context.Context, ev cloudevents.Event) (sink.Receipt, error) {
+	return f(ctx, ev)
+}
+
+type nopRecorder struct{}
+
+func (nopRecorder) Eventf(_, _ runtime.Object, _, _, _, _ string, _ ...any) {}
+
+func findPublished(s studentv1.StudentStatus) *metav1.Condition {
+	for i := range s.Conditions {
+		if s.Conditions[i].Type == studentv1.ConditionPublished {
+			return &s.Conditions[i]
+		}
+	}
+	return nil
+}
