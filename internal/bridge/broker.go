@@ -111,7 +111,7 @@ func (l *recordLoader) Start(ctx context.Context) error {
 	if !l.mgr.GetCache().WaitForCacheSync(ctx) {
 		return nil
 	}
-	bucket := natssink.BucketConfig{Name: l.cfg.State.Bucket, Storage: l.cfg.State.Storage, Replicas: l.cfg.State.Replicas}
+	bucket := natssink.BucketConfig{Name: l.cfg.State.Bucket, Storage: l.cfg.State.Storage, Replicas: l.cfg.State.Replicas, Timeout: l.cfg.NATS.AckTimeout}
 	err := retry(ctx, l.log, "record store load", func(ctx context.Context) error {
 		if !l.nc.IsConnected() {
 			return fmt.Errorf("NATS %s", l.nc.Status())

@@ -20,6 +20,9 @@ type BucketConfig struct {
 	Storage string
 	// Replicas is the number of replicas (1 for a single server).
 	Replicas int
+	// Timeout bounds one read or write when the caller's context has no
+	// earlier deadline. Default 5s.
+	Timeout time.Duration
 }
 
 // ErrBucketShape: the bucket exists but cannot serve as the record store
@@ -29,8 +32,9 @@ var ErrBucketShape = errors.New("natssink: bucket cannot hold the records")
 // KV is a sink.Store on a JetStream key-value bucket. Every write is a
 // compare-and-set on the key's revision.
 type KV struct {
-	nc *nats.Conn
-	kv jetstream.KeyValue
+	nc      *nats.Conn
+	kv      jetstream.KeyValue
+	timeout time.Duration
 }
 
 var _ sink.Store = (*KV)(nil)
@@ -72,7 +76,10 @@ func EnsureBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create b
 		return nil, fmt.Errorf("%w: bucket %s expires keys after %s, and an expired record would be published again; use a bucket without TTL",
 			ErrBucketShape, cfg.Name, status.TTL())
 	}
-	return &KV{nc: nc, kv: kv}, nil
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	return &KV{nc: nc, kv: kv, timeout: cfg.Timeout}, nil
 }
 
 // Load implements sink.Store with one watch of every key. Delete markers
@@ -105,6 +112,8 @@ func (s *KV) Load(ctx context.Context) ([]sink.Record, error) {
 
 // Get implements sink.Store.
 func (s *KV) Get(ctx context.Context, key string) (sink.Record, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
 	e, err := s.kv.Get(ctx, key)
 	if err != nil {
 		return sink.Record{}, s.classify("get "+key, err)
@@ -115,6 +124,8 @@ func (s *KV) Get(ctx context.Context, key string) (sink.Record, error) {
 // Put implements sink.Store: a create when revision is 0, else an update at
 // revision.
 func (s *KV) Put(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
 	var rev uint64
 	var err error
 	if revision == 0 {
@@ -130,6 +141,8 @@ func (s *KV) Put(ctx context.Context, key string, value []byte, revision uint64)
 
 // Delete implements sink.Store.
 func (s *KV) Delete(ctx context.Context, key string, revision uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
 	if err := s.kv.Delete(ctx, key, jetstream.LastRevision(revision)); err != nil {
 		return s.classify("delete "+key, err)
 	}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -238,46 +240,80 @@ func TestStreamFull(t *testing.T) {
 	t.Logf("fault report: stream full (max 5, discard new): 3 refused, 1 delete held; all published %s after space was made", time.Since(freed).Round(10*time.Millisecond))
 }
 
-// TestCrashBetweenAckAndStatus: a bridge that cannot write status (its role
-// lacks students/status) publishes and dies before recording it; the next
-// bridge republishes with the same id and the stream drops the copy.
-func TestCrashBetweenAckAndStatus(t *testing.T) {
-	w := newWorld(t)
+// TestCrashBetweenAckAndRecord: a bridge whose NATS user may not write the
+// record store publishes an update, cannot record it, and is killed; the
+// next bridge publishes the same event again, with the same id, so the
+// stream drops the copy (a core subscriber, which no duplicate window
+// protects, sees both), and records it.
+func TestCrashBetweenAckAndRecord(t *testing.T) {
+	w := newWorldWith(t, stack.Options{NATS: stack.NATSOptions{Configure: func(o *natsserver.Options) {
+		noRecord := &natsserver.Permissions{Publish: &natsserver.SubjectPermission{Deny: []string{"$KV.STUDENT_BRIDGE_PUBLISHED.>"}}}
+		o.Users = []*natsserver.User{{Username: "full", Password: "full"}, {Username: "norecord", Password: "norecord", Permissions: noRecord}}
+		o.NoAuthUser = "full"
+	}}})
 	ctx := context.Background()
-	p := w.startWithoutStatus(t)
-	events, err := stack.StreamEvents(ctx, w.nc, w.stream)
-	if err != nil || len(events) != 1 {
-		t.Fatalf("before the crash the stream holds %d events (%v)", len(events), err)
+	sub, err := stack.Subscribe(w.nc, "student.>")
+	if err != nil {
+		t.Fatal(err)
 	}
+	p := w.startAndPublish(t, w.bridgeArgs(w.admin)...)
+	if err := p.stop(t, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+
+	w.update(t, "default", "object-name", "beijing")
+	args := append(w.bridgeArgs(w.admin, "--nats-user", "norecord"), "--nats-ack-timeout", "1s")
+	p = startWithEnv(t, []string{"STUDENT_BRIDGE_NATS_AUTH_PASSWORD=norecord"}, args...)
+	p.waitOutput(t, "write record", 60*time.Second)
 	if err := p.stop(t, syscall.SIGKILL); err == nil {
 		t.Fatal("SIGKILL reported a clean exit")
 	}
+	events, err := stack.StreamEvents(ctx, w.nc, w.stream)
+	if err != nil || len(events) != 2 {
+		t.Fatalf("before the crash the stream holds %d events (%v), want created and updated", len(events), err)
+	}
+	updated := events[1].Event.ID()
 
-	full := w.bridgeUser(t, "bridge-full", "student-bridge-system")
-	start(t, t.TempDir(), w.bridgeArgs(full)...)
+	start(t, t.TempDir(), w.bridgeArgs(w.admin)...)
+	kv := recordStore(t, w.nc)
 	var s studentv1.Student
+	if err := w.st.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "object-name"}, &s); err != nil {
+		t.Fatal(err)
+	}
 	if err := stack.Eventually(60*time.Second, func() error {
-		if err := w.st.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "object-name"}, &s); err != nil {
+		rec, err := kv.Get(ctx, string(s.UID))
+		if err != nil {
 			return err
 		}
-		if s.Status.LastPublished == nil {
-			return fmt.Errorf("status not written yet")
+		var sr studentv1.StudentRecord
+		if err := json.Unmarshal(rec.Value(), &sr); err != nil {
+			return err
+		}
+		if sr.Published.ID != updated {
+			return fmt.Errorf("record holds %s %s, want the update %s", sr.Published.Type, sr.Published.ID, updated)
 		}
 		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
 	after, err := stack.StreamEvents(ctx, w.nc, w.stream)
+	if err != nil || len(after) != 2 {
+		t.Errorf("stream holds %d events after the republish (%v), want 2", len(after), err)
+	}
+	got, err := sub.Events()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(after) != 1 {
-		t.Errorf("stream holds %d events after the republish, want 1", len(after))
+	copies := 0
+	for _, r := range got {
+		if r.Event.ID() == updated {
+			copies++
+		}
 	}
-	if s.Status.LastPublished.ID != events[0].Event.ID() || s.Status.LastPublished.Sequence != 1 {
-		t.Errorf("status records %s #%d, want the original %s #1", s.Status.LastPublished.ID, s.Status.LastPublished.Sequence, events[0].Event.ID())
+	if copies != 2 {
+		t.Errorf("core subscriber saw the update %s %d times, want 2 (published, crashed before the record, published again)", updated, copies)
 	}
-	t.Logf("fault report: crash between ack and status write: republished id %s dropped by the stream (events in stream: %d)", events[0].Event.ID(), len(after))
+	t.Logf("fault report: crash between ack and record write: republished id %s, dropped by the stream (events in stream: %d)", updated, len(after))
 }
 
 // TestSlowConsumerDoesNotBlock: a consumer that never acknowledges and a
@@ -370,13 +406,12 @@ func TestAPIServerKilled(t *testing.T) {
 // TestVanishedWithoutFinalizer: kube-apiserver can let a delete that races
 // with the finalizer being added remove the Student anyway
 // (kubernetes/kubernetes#77988). The bridge then publishes the deletion from
-// what it last published. The race is forced here: the bridge's status write
-// is refused (so it keeps its in-memory record), and, while the bridge is
-// paused, the finalizer is removed by hand and the Student deleted.
+// its record. The race is forced here: while the bridge is paused, the
+// finalizer is removed by hand and the Student deleted.
 func TestVanishedWithoutFinalizer(t *testing.T) {
 	w := newWorld(t)
 	ctx := context.Background()
-	p := w.startWithoutStatus(t)
+	p := w.startAndPublish(t, w.bridgeArgs(w.admin)...)
 
 	// Paused, the bridge cannot put its finalizer back in between.
 	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
@@ -399,6 +434,6 @@ func TestVanishedWithoutFinalizer(t *testing.T) {
 	if r.Delivered != 2 {
 		t.Errorf("stream holds %d events, want created and deleted", r.Delivered)
 	}
-	p.waitOutput(t, "vanished without its finalizer", 10*time.Second)
+	p.waitOutput(t, "gone without its finalizer", 10*time.Second)
 	t.Logf("fault report: Student vanished without the finalizer: %s", r)
 }

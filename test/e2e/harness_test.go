@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	corev1 "k8s.io/api/core/v1"
+	"github.com/nats-io/nats.go/jetstream"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -165,16 +165,21 @@ func (w *world) requireHeld(t *testing.T, ns, name, why string) {
 	}
 }
 
-// startWithoutStatus starts a bridge whose role lacks students/status,
-// creates default/object-name and returns once the bridge has published it
-// and failed to write its status.
-func (w *world) startWithoutStatus(t *testing.T) *proc {
+// startAndPublish starts a bridge with args, creates default/object-name
+// and returns once its created event is in the stream.
+func (w *world) startAndPublish(t *testing.T, args ...string) *proc {
 	t.Helper()
-	must(t, w.st.Client.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "student-bridge-system"}}))
-	noStatus := w.bridgeUser(t, "bridge-no-status", "student-bridge-system", "students/status")
-	p := start(t, t.TempDir(), w.bridgeArgs(noStatus)...)
+	p := start(t, t.TempDir(), args...)
 	w.create(t, "default", "object-name", "china")
-	p.waitOutput(t, "write status", 60*time.Second)
+	if err := stack.Eventually(60*time.Second, func() error {
+		events, err := stack.StreamEvents(context.Background(), w.nc, w.stream)
+		if err != nil || len(events) != 1 {
+			return fmt.Errorf("stream holds %d events (%v), want the created", len(events), err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	return p
 }
 
@@ -348,4 +353,18 @@ func userClient(t *testing.T, w *world, name string) client.Client {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// recordStore opens the bridge's record store (the default bucket).
+func recordStore(t *testing.T, nc *nats.Conn) jetstream.KeyValue {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(context.Background(), "STUDENT_BRIDGE_PUBLISHED")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
 }

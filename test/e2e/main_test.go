@@ -53,10 +53,21 @@ type proc struct {
 
 func start(t *testing.T, dir string, args ...string) *proc {
 	t.Helper()
+	return startIn(t, dir, nil, args...)
+}
+
+// startWithEnv starts the bridge with env added to its environment.
+func startWithEnv(t *testing.T, env []string, args ...string) *proc {
+	t.Helper()
+	return startIn(t, t.TempDir(), env, args...)
+}
+
+func startIn(t *testing.T, dir string, env []string, args ...string) *proc {
+	t.Helper()
 	p := &proc{done: make(chan error, 1)}
 	p.cmd = exec.Command(binary, args...)
 	p.cmd.Dir = dir
-	p.cmd.Env = append(os.Environ(), "KUBEBUILDER_ASSETS="+assets)
+	p.cmd.Env = append(append(os.Environ(), "KUBEBUILDER_ASSETS="+assets), env...)
 	p.cmd.Stdout = lockedWriter{p}
 	p.cmd.Stderr = lockedWriter{p}
 	if err := p.cmd.Start(); err != nil {
