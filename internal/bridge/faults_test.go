@@ -12,10 +12,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
 // TestRestartRepublishesNothing: a new bridge on the same cluster and stream
-// finds everything already published and sends nothing.
+// finds everything already published and sends nothing. A core subscriber
+// counts: the stream's duplicate window would hide a republish with the
+// same id.
 func TestRestartRepublishesNothing(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
@@ -43,12 +46,23 @@ func TestRestartRepublishesNothing(t *testing.T) {
 	})
 	stop()
 
+	sub, err := stack.Subscribe(nc, "restart.>")
+	if err != nil {
+		t.Fatal(err)
+	}
 	startBridge(t, cfg)
 	// Barrier: a change made after the restart is the only new event.
 	patch(t, getStudent(t, ns, "s1"), func(s *studentv1.Student) { s.Spec.School = "barrier" })
 	got := waitStream(t, nc, cfg.NATS.Stream.Name, n+2)
 	if last := got[len(got)-1]; last.Data.Spec.School != "barrier" {
 		t.Errorf("last event after restart is %s %+v, want only the barrier change", last.Event.Type(), last.Data)
+	}
+	seen, err := sub.Events()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 1 || seen[0].Data.Spec.School != "barrier" {
+		t.Errorf("after the restart a core subscriber saw %v, want only the barrier change", types(seen))
 	}
 }
 

@@ -64,27 +64,46 @@ func TestKillMidBurst(t *testing.T) {
 	t.Logf("fault report: SIGKILL mid-burst: %s", r)
 }
 
+// TestDeletesWhileBridgeDown: Students deleted while no bridge runs get
+// their deleted event when one starts again, with either delete policy: the
+// finalizer holds them, or the record store remembers them (and then the
+// bridge writes nothing to Students at all, by the API server's count).
 func TestDeletesWhileBridgeDown(t *testing.T) {
-	w := newWorld(t)
-	p := start(t, t.TempDir(), w.bridgeArgs(w.admin)...)
-	for i := range 10 {
-		w.create(t, "default", fmt.Sprintf("down-%d", i), "s0")
+	for _, tc := range []struct {
+		name string
+		hold bool
+	}{{"finalizer", true}, {"no-finalizer", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t)
+			args := w.bridgeArgs(w.admin, fmt.Sprintf("--hold-deletes-with-finalizer=%t", tc.hold))
+			patches := studentPatches(t, w)
+			p := start(t, t.TempDir(), args...)
+			for i := range 10 {
+				w.create(t, "default", fmt.Sprintf("down-%d", i), "s0")
+			}
+			w.waitVerified(t, "default", 60*time.Second)
+			if err := p.stop(t, syscall.SIGTERM); err != nil {
+				t.Fatalf("SIGTERM: %v", err)
+			}
+			for i := range 5 {
+				w.delete(t, "default", fmt.Sprintf("down-%d", i))
+			}
+			w.update(t, "default", "down-7", "changed while down")
+			if tc.hold {
+				// The finalizer holds the deleted Students while nobody can publish.
+				w.requireHeld(t, "default", "down-0", "while the bridge is down")
+			}
+			faultEnd := time.Now()
+			start(t, t.TempDir(), args...)
+			r := w.waitVerified(t, "default", 60*time.Second)
+			r.Recovery = time.Since(faultEnd)
+			bridgePatches := studentPatches(t, w) - patches - w.patches
+			if !tc.hold && bridgePatches != 0 {
+				t.Errorf("without the finalizer policy the bridge patched Students %d times, want 0", bridgePatches)
+			}
+			t.Logf("fault report: deletes while the bridge is down (%s): %s, Student patches by the bridge %d", tc.name, r, bridgePatches)
+		})
 	}
-	w.waitVerified(t, "default", 60*time.Second)
-	if err := p.stop(t, syscall.SIGTERM); err != nil {
-		t.Fatalf("SIGTERM: %v", err)
-	}
-	for i := range 5 {
-		w.delete(t, "default", fmt.Sprintf("down-%d", i))
-	}
-	w.update(t, "default", "down-7", "changed while down")
-	// The finalizer holds the deleted Students while nobody can publish.
-	w.requireHeld(t, "default", "down-0", "while the bridge is down")
-	faultEnd := time.Now()
-	start(t, t.TempDir(), w.bridgeArgs(w.admin)...)
-	r := w.waitVerified(t, "default", 60*time.Second)
-	r.Recovery = time.Since(faultEnd)
-	t.Logf("fault report: deletes while the bridge is down: %s", r)
 }
 
 func TestNATSOutages(t *testing.T) {

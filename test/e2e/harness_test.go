@@ -37,6 +37,7 @@ type world struct {
 	states  map[types.UID]map[string]bool // every spec+labels a Student had
 	deleted map[types.UID]string          // uid -> name of deleted Students
 	changes int
+	patches int // PATCHes of Students made by the test itself
 }
 
 func newWorld(t *testing.T) *world {
@@ -137,6 +138,9 @@ func (w *world) update(t *testing.T, ns, name, school string) {
 	if err := w.st.Client.Patch(context.Background(), &s, client.MergeFrom(orig)); err != nil {
 		t.Fatal(err)
 	}
+	w.mu.Lock()
+	w.patches++
+	w.mu.Unlock()
 	w.record(&s)
 }
 

@@ -1,0 +1,169 @@
+package bridge_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/reconciler"
+)
+
+// TestRecordStoreUnavailable: while the bucket refuses writes, an update
+// that went out is not published again and nothing new is published (fail
+// closed, shown as a Warning Event); once the bucket takes writes again the
+// record is written and the waiting Student published, each exactly once.
+func TestRecordStoreUnavailable(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "closed")
+	startBridge(t, cfg)
+	nc := natsConn(t)
+	sub, err := stack.Subscribe(nc, "closed.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Client.Create(ctx, newStudent(ns, "a", "wang", "china")); err != nil {
+		t.Fatal(err)
+	}
+	waitStream(t, nc, cfg.NATS.Stream.Name, 1)
+
+	// The bucket is full and refuses every further write.
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucketStream := "KV_" + cfg.State.Bucket
+	limit := func(maxMsgs int64) {
+		t.Helper()
+		s, err := js.Stream(ctx, bucketStream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := s.CachedInfo().Config
+		sc.MaxMsgs = maxMsgs
+		if _, err := js.UpdateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	limit(1)
+	patch(t, getStudent(t, ns, "a"), func(s *studentv1.Student) { s.Spec.School = "beijing" })
+	waitStream(t, nc, cfg.NATS.Stream.Name, 2)
+	if err := st.Client.Create(ctx, newStudent(ns, "b", "li", "shanghai")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a Warning Event on b while the record store refuses writes", func() error {
+		for _, e := range kubeEvents(t, ns, "b") {
+			if e.Type == corev1.EventTypeWarning && e.Reason == studentv1.ReasonPublishFailed {
+				return nil
+			}
+		}
+		return fmt.Errorf("none")
+	})
+	if got := waitStream(t, nc, cfg.NATS.Stream.Name, 2); got[1].Data.Metadata.Name != "a" {
+		t.Fatalf("second event is %v, want a's update", types(got))
+	}
+
+	limit(-1)
+	got := waitStream(t, nc, cfg.NATS.Stream.Name, 3)
+	if got[2].Data.Metadata.Name != "b" || got[2].Event.Type() != studentv1.EventTypeCreated {
+		t.Errorf("after the bucket is back: %v, want b created", types(got))
+	}
+	a := getStudent(t, ns, "a")
+	kv, err := js.KeyValue(ctx, cfg.State.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a's update recorded", func() error {
+		e, err := kv.Get(ctx, string(a.UID))
+		if err != nil {
+			return err
+		}
+		var rec studentv1.StudentRecord
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			return err
+		}
+		if rec.Published.ID != got[1].Event.ID() {
+			return fmt.Errorf("record holds %s %s, want the update %s", rec.Published.Type, rec.Published.ID, got[1].Event.ID())
+		}
+		return nil
+	})
+	seen, err := sub.Events()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 3 {
+		t.Errorf("a core subscriber saw %v, want each event once", types(seen))
+	}
+}
+
+// TestUpgradeFromStatusRecords: Students published by a version of the
+// bridge that kept its record in status.lastPublished, and an empty bucket:
+// the bridge seeds the bucket from the status and publishes nothing; the
+// next change chains to the id in the status.
+func TestUpgradeFromStatusRecords(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "upgrade")
+	nc := natsConn(t)
+	var ids []string
+	for i := range 2 {
+		stu := newStudent(ns, fmt.Sprintf("old-%d", i), "wang", "china")
+		stu.Finalizers = []string{studentv1.Finalizer}
+		if err := st.Client.Create(ctx, stu); err != nil {
+			t.Fatal(err)
+		}
+		id := reconciler.EventID(studentv1.EventTypeCreated, stu, "")
+		ids = append(ids, id)
+		stu.Status.LastPublished = &studentv1.PublishedEvent{
+			Type: studentv1.EventTypeCreated, ID: id, Time: metav1.NewTime(time.Now().Truncate(time.Second)),
+			Generation: stu.Generation, Sequence: int64(i + 1), Spec: stu.Spec,
+		}
+		if err := st.Client.Status().Update(ctx, stu); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub, err := stack.Subscribe(nc, "upgrade.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	startBridge(t, cfg)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the bucket seeded from status", func() error {
+		kv, err := js.KeyValue(ctx, cfg.State.Bucket)
+		if err != nil {
+			return err
+		}
+		st, err := kv.Status(ctx)
+		if err != nil {
+			return err
+		}
+		if st.Values() != 2 {
+			return fmt.Errorf("bucket holds %d values", st.Values())
+		}
+		return nil
+	})
+	patch(t, getStudent(t, ns, "old-0"), func(s *studentv1.Student) { s.Spec.School = "beijing" })
+	got := waitStream(t, nc, cfg.NATS.Stream.Name, 1)
+	old0 := getStudent(t, ns, "old-0")
+	if want := reconciler.EventID(studentv1.EventTypeUpdated, old0, ids[0]); got[0].Event.ID() != want || got[0].Data.PreviousSpec == nil || got[0].Data.PreviousSpec.School != "china" {
+		t.Errorf("first event after the upgrade: %s id %s previous %+v, want updated id %s chained to the status", got[0].Event.Type(), got[0].Event.ID(), got[0].Data.PreviousSpec, want)
+	}
+	seen, err := sub.Events()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 1 {
+		t.Errorf("a core subscriber saw %v, want only the update", types(seen))
+	}
+}
