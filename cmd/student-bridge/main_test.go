@@ -102,3 +102,47 @@ func TestSecretsNeverLogged(t *testing.T) {
 		t.Errorf("secret in output:\n%s", out)
 	}
 }
+
+// TestHelpShowsFlagTypes: durations and numbers are typed flags, as in
+// kubectl's and controller-runtime's help, and --help is a plain bool.
+func TestHelpShowsFlagTypes(t *testing.T) {
+	out, err := run(t, nil, "--help")
+	if err != nil {
+		t.Fatalf("--help: %v\n%s", err, out)
+	}
+	for _, want := range []string{"--kube-api-qps float32", "--leader-election-lease-duration duration", "--kubernetes-events-qps float",
+		"--workers int", "--stream-max-bytes int", "--status-qps float", "--shutdown-timeout duration"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("--help lacks %q", want)
+		}
+	}
+	if strings.Contains(out, "[=true|false]") {
+		t.Errorf("--help shows bool flags as [=true|false]:\n%s", out)
+	}
+	out, err = run(t, nil, "tail", "--help")
+	if err != nil || !strings.Contains(out, "--from-sequence uint") {
+		t.Errorf("tail --help lacks --from-sequence uint (%v):\n%s", err, out)
+	}
+}
+
+// TestCommandsPeopleTypeSpeakPlainly: a startup error is printed once, and
+// the commands people type (tail, snapshot) log lines for a terminal, not
+// JSON; --zap-encoder still chooses.
+func TestCommandsPeopleTypeSpeakPlainly(t *testing.T) {
+	out, err := run(t, nil, "--nats-mode=kafka")
+	if err == nil || strings.Count(out, "nats.mode") != 1 {
+		t.Errorf("bad config: exit %v, want the error once:\n%s", err, out)
+	}
+	// Nothing listens on port 1: snapshot fails after logging it retries.
+	out, err = run(t, nil, "snapshot", "--nats-url", "nats://127.0.0.1:1", "--timeout", "1s", "--zap-log-level", "debug")
+	if err == nil {
+		t.Fatalf("snapshot without NATS exited 0:\n%s", out)
+	}
+	if strings.Contains(out, `{"level"`) || strings.Count(out, "error: ") != 1 {
+		t.Errorf("snapshot printed JSON log lines or not exactly one error:\n%s", out)
+	}
+	out, _ = run(t, nil, "snapshot", "--nats-url", "nats://127.0.0.1:1", "--timeout", "1s", "--zap-log-level", "debug", "--zap-encoder", "json")
+	if !strings.Contains(out, `{"level"`) {
+		t.Errorf("--zap-encoder json was not honoured:\n%s", out)
+	}
+}

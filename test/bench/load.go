@@ -112,7 +112,8 @@ type result struct {
 	p50, p99        time.Duration
 	p999            time.Duration
 	behind          bool // the generator could not keep the rate
-	apiWrites       int64
+	studentWrites   int64
+	eventWrites     int64
 	cpuSeconds      float64 // this process: generator, NATS, subscriber, the bridge
 	controlPlaneCPU float64 // kube-apiserver and etcd
 	achievedRate    float64

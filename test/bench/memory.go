@@ -57,7 +57,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error)
 	metricsAddr, healthAddr, pprofAddr := freeAddr(), freeAddr(), freeAddr()
 	args := []string{"--kubeconfig", kubeconfig, "--nats-url", e.st.NATS.URL(), "--leader-elect=false",
 		"--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr, "--pprof-bind-address", pprofAddr,
-		"--namespaces", ns, "--stream-name", stream, "--subject-prefix", "benchmem", "--snapshot-request-subject", ""}
+		"--namespaces", ns, "--stream-name", stream, "--state-bucket", stream + "_RECORDS", "--subject-prefix", "benchmem", "--snapshot-request-subject", ""}
 	startProc := func() (*exec.Cmd, time.Time, error) {
 		cmd := exec.Command(bin, args...)
 		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard

@@ -35,8 +35,10 @@ type variant struct {
 	name string
 	// k8s is false for the NATS ceiling, which needs no API server.
 	k8s bool
-	// bridge runs student-bridge: its namespace gets the finalizer policy.
+	// bridge runs student-bridge.
 	bridge bool
+	// policy gives the variant's namespace the finalizer policy.
+	policy bool
 	start  func(ctx context.Context, e *env, run *run) (stop func(), err error)
 }
 
@@ -53,15 +55,19 @@ type run struct {
 	prefix    string
 	stream    string
 	tr        *tracker
-	apiWrites atomic.Int64
+	// studentWrites counts the variant's writes to Students (finalizers,
+	// status), eventWrites its Kubernetes Events.
+	studentWrites atomic.Int64
+	eventWrites   atomic.Int64
 }
 
 var variants = []variant{
 	{name: "nats-ceiling", k8s: false, start: startNATSCeiling},
 	{name: "watch-floor", k8s: true, start: startWatchFloor},
 	{name: "raw-informer", k8s: true, start: startRawInformer},
-	{name: "student-bridge", k8s: true, bridge: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startBridge(ctx, e, r, true) }},
-	{name: "student-bridge (no k8s Events)", k8s: true, bridge: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startBridge(ctx, e, r, false) }},
+	{name: "student-bridge", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startBridge(ctx, e, r, true, true) }},
+	{name: "student-bridge (no k8s Events)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startBridge(ctx, e, r, false, true) }},
+	{name: "student-bridge (no finalizer)", k8s: true, bridge: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startBridge(ctx, e, r, true, false) }},
 }
 
 // subscribe delivers every event of the run's stream to the tracker.
@@ -187,7 +193,7 @@ func startRawInformer(ctx context.Context, e *env, r *run) (func(), error) {
 }
 
 // startBridge runs the real bridge in this process, counting its API writes.
-func startBridge(ctx context.Context, e *env, r *run, kubeEvents bool) (func(), error) {
+func startBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinalizer bool) (func(), error) {
 	cfg, err := config.New(nil).Load("")
 	if err != nil {
 		return nil, err
@@ -197,6 +203,8 @@ func startBridge(ctx context.Context, e *env, r *run, kubeEvents bool) (func(), 
 	cfg.NATS.URLs = e.st.NATS.URL()
 	cfg.NATS.SubjectPrefix = r.prefix
 	cfg.NATS.Stream.Name = r.stream
+	cfg.State.Bucket = r.stream + "_RECORDS"
+	cfg.Deletes.HoldWithFinalizer = holdWithFinalizer
 	cfg.LeaderElection.Enabled = false
 	cfg.MetricsAddr, cfg.HealthAddr = "0", "0"
 	cfg.KubernetesEvents = kubeEvents
@@ -207,8 +215,12 @@ func startBridge(ctx context.Context, e *env, r *run, kubeEvents bool) (func(), 
 	restCfg := rest.CopyConfig(e.st.RestConfig)
 	restCfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
 		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
-			if req.Method != http.MethodGet {
-				r.apiWrites.Add(1)
+			switch {
+			case req.Method == http.MethodGet:
+			case strings.Contains(req.URL.Path, "/students"):
+				r.studentWrites.Add(1)
+			case strings.Contains(req.URL.Path, "/events"):
+				r.eventWrites.Add(1)
 			}
 			return rt.RoundTrip(req)
 		})

@@ -1,0 +1,126 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/student-bridge/student-bridge/internal/stack"
+)
+
+// TestREADMECommands runs the README's commands, so the README cannot drift
+// from the code: every `bin/kubectl` line of its sh blocks, in order, against
+// `student-bridge dev` (`kubectl edit` with an editor that makes the README's
+// edit), and every `bin/student-bridge` line with --help appended, which
+// fails on an unknown command or flag. `kubectl get stu` must print the
+// columns the README shows.
+func TestREADMECommands(t *testing.T) {
+	lines := readmeCommands(t)
+	dir := t.TempDir()
+	natsPort := freePort(t)
+	p := start(t, dir, "dev", "--dir", dir, "--nats-port", fmt.Sprint(natsPort), "--metrics-bind-address", "0", "--health-probe-bind-address", "0")
+	p.waitOutput(t, "stream ready", 90*time.Second)
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+
+	// The README's edit: spec.school to tsinghua.
+	editor := filepath.Join(t.TempDir(), "editor.sh")
+	if err := os.WriteFile(editor, []byte("#!/bin/sh\nsed -i 's/school: china/school: tsinghua/' \"$1\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ran := map[string]int{}
+	for _, l := range lines {
+		args := strings.Fields(l.cmd)
+		var name string
+		var env []string
+		switch args[0] {
+		case "bin/kubectl":
+			name, args = filepath.Join(assets, "kubectl"), args[1:]
+			env = []string{"KUBECONFIG=" + kubeconfig, "KUBE_EDITOR=" + editor}
+		case "bin/student-bridge":
+			name, args = binary, append(args[1:], "--help")
+		default:
+			continue
+		}
+		var out []byte
+		// Retried briefly: the bridge publishes and writes status after the
+		// fact, and kubectl edit conflicts with a status write.
+		err := stack.Eventually(30*time.Second, func() error {
+			cmd := exec.Command(name, args...)
+			cmd.Dir = stack.RepoRoot()
+			cmd.Env = append(os.Environ(), env...)
+			var err error
+			if out, err = cmd.CombinedOutput(); err != nil {
+				return fmt.Errorf("%v\n%s", err, out)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("README line %d: %s: %v", l.line, l.cmd, err)
+		}
+		ran[strings.Fields(l.cmd)[0]]++
+		if strings.HasPrefix(l.cmd, "bin/kubectl get stu") {
+			checkColumns(t, l, string(out))
+		}
+	}
+	if ran["bin/kubectl"] < 5 || ran["bin/student-bridge"] < 3 {
+		t.Errorf("ran %v: the README's sh blocks were not found", ran)
+	}
+	if err := p.stop(t, syscall.SIGTERM); err != nil {
+		t.Errorf("dev exited with %v", err)
+	}
+}
+
+type readmeLine struct {
+	line int
+	cmd  string
+	// header is the table the README shows below the command, if any.
+	header string
+}
+
+// readmeCommands returns the lines of the README's sh blocks, comments cut.
+func readmeCommands(t *testing.T) []readmeLine {
+	t.Helper()
+	f, err := os.Open(filepath.Join(stack.RepoRoot(), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []readmeLine
+	in := false
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		text := sc.Text()
+		switch {
+		case strings.HasPrefix(text, "```sh"):
+			in = true
+		case strings.HasPrefix(text, "```"):
+			in = false
+		case in && strings.HasPrefix(text, "# NAME") && len(out) > 0:
+			out[len(out)-1].header = strings.Join(strings.Fields(strings.TrimPrefix(text, "#")), " ")
+		case in && strings.TrimSpace(text) != "" && !strings.HasPrefix(text, "#"):
+			cmd, _, _ := strings.Cut(text, "#")
+			out = append(out, readmeLine{line: n, cmd: strings.TrimSpace(cmd)})
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func checkColumns(t *testing.T, l readmeLine, out string) {
+	t.Helper()
+	if l.header == "" {
+		return
+	}
+	first, _, _ := strings.Cut(out, "\n")
+	if got := strings.Join(strings.Fields(first), " "); got != l.header {
+		t.Errorf("README line %d: %s prints columns %q, the README shows %q", l.line, l.cmd, got, l.header)
+	}
+}
