@@ -50,11 +50,11 @@ type env struct {
 
 // run is one (variant, rate, repetition).
 type run struct {
-	id        string
-	ns        string
-	prefix    string
-	stream    string
-	tr        *tracker
+	id     string
+	ns     string
+	prefix string
+	stream string
+	tr     *tracker
 	// studentWrites counts the variant's writes to Students (finalizers,
 	// status), eventWrites its Kubernetes Events.
 	studentWrites atomic.Int64
