@@ -4,6 +4,7 @@
 package tail
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,7 +12,6 @@ import (
 	"io"
 	"maps"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -64,81 +64,113 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) error {
 	if err != nil {
 		return fmt.Errorf("consumer info: %w", err)
 	}
-	pending := info.NumPending
+	s := &session{o: o, p: printer{out: o.Out, json: o.JSON}, pending: info.NumPending}
 	if o.Deliver == DeliverNew {
-		pending = 0
+		s.pending = 0
 	}
-
-	var r reader = &fetchReader{cons: cons}
+	s.r = &fetchReader{cons: cons}
 	if o.Follow {
 		iter, err := cons.Messages()
 		if err != nil {
 			return fmt.Errorf("read stream %s: %w", o.Stream, err)
 		}
-		r = iterReader{iter}
+		s.r = iterReader{iter}
 	}
-	defer r.stop()
+	defer s.r.stop()
 
-	// last: read history up to where it was at the start, keep the newest
-	// event of each Student, print those in stream order, then go on.
-	var batch []*held
-	holding := o.Deliver == DeliverLast && pending > 0
-	bySubject := map[string]*held{}
-
-	p := printer{out: o.Out, json: o.JSON}
-	for {
-		var wait time.Duration
-		caughtUp := pending == 0 && !holding && !o.Follow
-		if caughtUp {
-			// The consumer's pending count can lag a publish that just
-			// happened; give the server a moment before calling it the end.
-			wait = caughtUpWait
-		}
-		msg, err := r.next(ctx, wait, pending)
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) || caughtUp && errors.Is(err, nats.ErrTimeout) {
-				return nil
-			}
-			return fmt.Errorf("next event: %w", err)
-		}
-		meta, err := msg.Metadata()
-		if err != nil {
+	if o.Deliver == DeliverLast && s.pending > 0 {
+		if more, err := s.printLastOfEach(ctx); !more || err != nil {
 			return err
 		}
-		if pending > 0 {
-			pending = meta.NumPending
+	}
+	return s.printEach(ctx)
+}
+
+// session is one run of tail: where it reads, where it prints, and how many
+// events of the history it started with are still to come.
+type session struct {
+	o       Options
+	r       reader
+	p       printer
+	pending uint64
+}
+
+// next returns the next event; nil at the end of the run (the context
+// ended, or the history is read and the run does not follow).
+func (s *session) next(ctx context.Context) (*held, error) {
+	var wait time.Duration
+	caughtUp := s.pending == 0 && !s.o.Follow
+	if caughtUp {
+		// The consumer's pending count can lag a publish that just
+		// happened; give the server a moment before calling it the end.
+		wait = caughtUpWait
+	}
+	msg, err := s.r.next(ctx, wait, s.pending)
+	if err != nil {
+		if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) || caughtUp && errors.Is(err, nats.ErrTimeout) {
+			return nil, nil
 		}
-		ev, decodeErr := natssink.DecodeMsg(ctx, &nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()})
-		h := &held{seq: meta.Sequence.Stream, msg: msg, ev: ev, err: decodeErr}
-		if holding {
-			key := msg.Subject()
-			if ev != nil {
-				key = ev.Source() + " " + ev.Subject()
-			}
-			if old, ok := bySubject[key]; ok {
-				if err := ack(o, old.msg); err != nil {
-					return err
-				}
-			}
-			bySubject[key] = h
-			if pending > 0 {
-				continue
-			}
-			holding = false
-			batch = slices.Collect(maps.Values(bySubject))
-			sort.Slice(batch, func(i, j int) bool { return batch[i].seq < batch[j].seq })
-		} else {
-			batch = []*held{h}
+		return nil, fmt.Errorf("next event: %w", err)
+	}
+	meta, err := msg.Metadata()
+	if err != nil {
+		return nil, err
+	}
+	if s.pending > 0 {
+		s.pending = meta.NumPending
+	}
+	ev, decodeErr := natssink.DecodeMsg(ctx, &nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()})
+	return &held{seq: meta.Sequence.Stream, msg: msg, ev: ev, err: decodeErr}, nil
+}
+
+// printLastOfEach reads the history up to where it was at the start, keeps
+// the newest event of each Student and prints those in stream order. more
+// is false when the run ended meanwhile.
+func (s *session) printLastOfEach(ctx context.Context) (more bool, err error) {
+	bySubject := map[string]*held{}
+	for s.pending > 0 {
+		h, err := s.next(ctx)
+		if h == nil || err != nil {
+			return false, err
 		}
-		for _, h := range batch {
-			if err := p.print(h); err != nil {
-				return err
+		key := h.msg.Subject()
+		if h.ev != nil {
+			key = h.ev.Source() + " " + h.ev.Subject()
+		}
+		if old, ok := bySubject[key]; ok {
+			if err := ack(s.o, old.msg); err != nil {
+				return false, err
 			}
-			if err := ack(o, h.msg); err != nil {
-				return err
-			}
+		}
+		bySubject[key] = h
+	}
+	batch := slices.SortedFunc(maps.Values(bySubject), func(a, b *held) int { return cmp.Compare(a.seq, b.seq) })
+	for _, h := range batch {
+		if err := s.printAndAck(h); err != nil {
+			return false, err
 		}
 	}
+	return true, nil
+}
+
+// printEach prints every event as it comes.
+func (s *session) printEach(ctx context.Context) error {
+	for {
+		h, err := s.next(ctx)
+		if h == nil || err != nil {
+			return err
+		}
+		if err := s.printAndAck(h); err != nil {
+			return err
+		}
+	}
+}
+
+func (s *session) printAndAck(h *held) error {
+	if err := s.p.print(h); err != nil {
+		return err
+	}
+	return ack(s.o, h.msg)
 }
 
 // caughtUpWait is how long a non-following tail waits for one more event

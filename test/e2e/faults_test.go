@@ -365,7 +365,7 @@ func TestSlowConsumerDoesNotBlock(t *testing.T) {
 func TestMinimalRBAC(t *testing.T) {
 	w := newWorld(t)
 	ctx := context.Background()
-	must(t, w.st.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "student-bridge-system"}}))
+	ensureNamespace(t, w.st.Client, "student-bridge-system")
 	kc := w.bridgeUser(t, "student-bridge", "student-bridge-system")
 	p := start(t, t.TempDir(), w.bridgeArgs(kc, "--leader-elect=true", "--leader-election-namespace=student-bridge-system")...)
 	p.waitOutput(t, "Successfully acquired lease", 60*time.Second)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -323,20 +324,31 @@ func (w *world) bridgeUser(t *testing.T, name, ns string, drop ...string) string
 		subject := []rbacv1.Subject{{Kind: "User", Name: name, APIGroup: rbacv1.GroupName}}
 		switch role.Kind {
 		case "ClusterRole":
-			must(t, w.st.Client.Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}))
-			must(t, w.st.Client.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
+			mustCreate(t, w.st.Client.Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}))
+			mustCreate(t, w.st.Client.Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name},
 				RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name}, Subjects: subject}))
 		case "Role":
-			must(t, w.st.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Rules: rules}))
-			must(t, w.st.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			mustCreate(t, w.st.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Rules: rules}))
+			mustCreate(t, w.st.Client.Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 				RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name}, Subjects: subject}))
 		}
 	}
 	return w.kubeconfig(t, envtest.User{Name: name})
 }
 
-func must(t *testing.T, err error) {
+// mustCreate fails the test on any error.
+func mustCreate(t *testing.T, err error) {
 	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ensureNamespace creates namespace name unless it exists: the one place
+// where AlreadyExists is fine.
+func ensureNamespace(t *testing.T, c client.Client, name string) {
+	t.Helper()
+	err := c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
