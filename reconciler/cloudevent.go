@@ -87,7 +87,9 @@ func NextChange(s *studentv1.Student, last *studentv1.PublishedEvent) string {
 			return ""
 		}
 		return studentv1.EventTypeDeleted
-	case last == nil:
+	case last == nil || last.Type == studentv1.EventTypeDeleted:
+		// Never published, or published as gone (it left the watched
+		// scope) and back: consumers learn of it anew.
 		return studentv1.EventTypeCreated
 	case last.Generation != s.Generation || !maps.Equal(last.Labels, s.Labels):
 		return studentv1.EventTypeUpdated

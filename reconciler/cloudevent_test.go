@@ -37,6 +37,7 @@ func TestNextChange(t *testing.T) {
 		{"label added", student(1, "china", map[string]string{"a": "b"}), published(studentv1.EventTypeCreated, 1, nil), studentv1.EventTypeUpdated},
 		{"label value changed", student(1, "china", map[string]string{"a": "c"}), published(studentv1.EventTypeUpdated, 1, map[string]string{"a": "b"}), studentv1.EventTypeUpdated},
 		{"empty and nil labels are the same", student(1, "china", map[string]string{}), published(studentv1.EventTypeCreated, 1, nil), ""},
+		{"back after leaving the scope, unchanged", student(1, "china", nil), published(studentv1.EventTypeDeleted, 1, nil), studentv1.EventTypeCreated},
 		{"deleting", deleting, published(studentv1.EventTypeUpdated, 1, nil), studentv1.EventTypeDeleted},
 		{"deleting, never published", deleting, nil, studentv1.EventTypeDeleted},
 		{"deleting, delete already published", deleting, published(studentv1.EventTypeDeleted, 2, nil), ""},

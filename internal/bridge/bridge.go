@@ -216,6 +216,7 @@ func addHealth(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, brokerRea
 }
 
 func newManager(cfg *config.Config, restCfg *rest.Config) (manager.Manager, error) {
+	students := cache.ByObject{Transform: trimStudent}
 	cacheOpts := cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
 	if len(cfg.Namespaces) > 0 {
 		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
@@ -228,8 +229,9 @@ func newManager(cfg *config.Config, restCfg *rest.Config) (manager.Manager, erro
 		if err != nil {
 			return nil, fmt.Errorf("config key labelSelector: %w", err)
 		}
-		cacheOpts.ByObject = map[client.Object]cache.ByObject{&studentv1.Student{}: {Label: sel}}
+		students.Label = sel
 	}
+	cacheOpts.ByObject = map[client.Object]cache.ByObject{&studentv1.Student{}: students}
 	leNamespace := cfg.LeaderElection.Namespace
 	if cfg.LeaderElection.Enabled && leNamespace == "" {
 		if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil {
@@ -261,6 +263,16 @@ func newManager(cfg *config.Config, restCfg *rest.Config) (manager.Manager, erro
 		return nil, fmt.Errorf("create manager: %w", err)
 	}
 	return mgr, nil
+}
+
+// trimStudent keeps in the cache only what the bridge reads of a Student:
+// managed fields and annotations are never published nor read.
+func trimStudent(obj any) (any, error) {
+	if s, ok := obj.(*studentv1.Student); ok {
+		s.ManagedFields = nil
+		s.Annotations = nil
+	}
+	return obj, nil
 }
 
 type nopRecorder struct{}

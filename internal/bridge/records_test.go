@@ -167,3 +167,40 @@ func TestUpgradeFromStatusRecords(t *testing.T) {
 		t.Errorf("a core subscriber saw %v, want only the update", types(seen))
 	}
 }
+
+// TestScopeExit: a Student that stops matching the label selector left the
+// set the bridge publishes: consumers get a deleted event with its current
+// state, and its finalizer is removed so it can be deleted without the
+// bridge. Coming back, it is created again with a new id.
+func TestScopeExit(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "scope")
+	cfg.LabelSelector = "team=a"
+	startBridge(t, cfg)
+	nc := natsConn(t)
+	stu := newStudent(ns, "mover", "wang", "china")
+	stu.Labels = map[string]string{"team": "a"}
+	if err := st.Client.Create(ctx, stu); err != nil {
+		t.Fatal(err)
+	}
+	first := waitStream(t, nc, cfg.NATS.Stream.Name, 1)[0]
+
+	patch(t, getStudent(t, ns, "mover"), func(s *studentv1.Student) { s.Labels["team"] = "b" })
+	got := waitStream(t, nc, cfg.NATS.Stream.Name, 2)
+	if got[1].Event.Type() != studentv1.EventTypeDeleted || got[1].Data.Metadata.Labels["team"] != "b" {
+		t.Errorf("leaving the scope published %s with labels %v, want deleted with team=b", got[1].Event.Type(), got[1].Data.Metadata.Labels)
+	}
+	waitFor(t, "the finalizer removed", func() error {
+		if fs := getStudent(t, ns, "mover").Finalizers; len(fs) != 0 {
+			return fmt.Errorf("finalizers %v", fs)
+		}
+		return nil
+	})
+
+	patch(t, getStudent(t, ns, "mover"), func(s *studentv1.Student) { s.Labels["team"] = "a" })
+	got = waitStream(t, nc, cfg.NATS.Stream.Name, 3)
+	if got[2].Event.Type() != studentv1.EventTypeCreated || got[2].Event.ID() == first.Event.ID() {
+		t.Errorf("coming back published %s id %s, want created with a new id (first was %s)", got[2].Event.Type(), got[2].Event.ID(), first.Event.ID())
+	}
+}
