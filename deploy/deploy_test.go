@@ -248,7 +248,17 @@ func TestConfigMapLoads(t *testing.T) {
 		if cm == nil {
 			t.Fatalf("deploy/%s has no student-bridge-config ConfigMap", overlay)
 		}
-		data, _, _ := unstructured.NestedString(cm.Object, "data", "student-bridge.yaml")
+		data, found, err := unstructured.NestedString(cm.Object, "data", "student-bridge.yaml")
+		if err != nil || !found {
+			t.Fatalf("deploy/%s ConfigMap has no student-bridge.yaml (%v)", overlay, err)
+		}
+		documented, err := os.ReadFile(filepath.Join("..", "configs", "student-bridge.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if data != string(documented) {
+			t.Errorf("deploy/%s ConfigMap's student-bridge.yaml is not configs/student-bridge.yaml", overlay)
+		}
 		file := filepath.Join(t.TempDir(), "student-bridge.yaml")
 		if err := os.WriteFile(file, []byte(data), 0o600); err != nil {
 			t.Fatal(err)

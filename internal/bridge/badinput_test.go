@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -37,6 +38,11 @@ func TestOversizedEvent(t *testing.T) {
 	}
 	defer nc.Close()
 
+	attempts := func() float64 {
+		return counter(t, "student_bridge_events_published_total", map[string]string{"result": "error"}) +
+			counter(t, "student_bridge_record_store_operations_total", map[string]string{"op": "put", "result": "error"})
+	}
+	before := attempts()
 	huge := newStudent(ns, "huge", "wang", "china")
 	huge.Labels = map[string]string{}
 	for i := range 40 {
@@ -64,22 +70,31 @@ func TestOversizedEvent(t *testing.T) {
 		}
 		return errors.New("no Warning event")
 	})
-	var warnings int32
-	for _, e := range kubeEvents(t, ns, "huge") {
-		if e.Type == corev1.EventTypeWarning {
-			warnings += max(1, e.DeprecatedCount)
-			if e.Series != nil {
-				warnings = max(warnings, e.Series.Count)
-			}
+	// Not retried: while five more Students are published, and then over
+	// three of the longest retry delays, no further attempt is made.
+	for i := range 5 {
+		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("more-%d", i), "li", "peking")); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if warnings > 2 {
-		t.Errorf("%d Warning events: a payload that cannot fit is being retried", warnings)
+	waitStream(t, nc, cfg.NATS.Stream.Name, 6)
+	time.Sleep(3 * cfg.Retry.MaxDelay) // the window a retry would fall in
+	if n := attempts() - before; n != 1 {
+		t.Errorf("%v failed attempts for the oversized Student, want 1: it is being retried", n)
+	}
+	warnings := 0
+	for _, e := range kubeEvents(t, ns, "huge") {
+		if e.Type == corev1.EventTypeWarning {
+			warnings++
+		}
+	}
+	if warnings != 1 {
+		t.Errorf("%d Warning events, want 1", warnings)
 	}
 
 	patch(t, getStudent(t, ns, "huge"), func(s *studentv1.Student) { s.Labels = map[string]string{"fits": "now"} })
-	got = waitStream(t, nc, cfg.NATS.Stream.Name, 2)
-	if got[1].Data.Metadata.Name != "huge" || got[1].Event.Type() != studentv1.EventTypeCreated {
-		t.Errorf("after shrinking: %s %s", got[1].Event.Type(), got[1].Data.Metadata.Name)
+	got = waitStream(t, nc, cfg.NATS.Stream.Name, 7)
+	if got[6].Data.Metadata.Name != "huge" || got[6].Event.Type() != studentv1.EventTypeCreated {
+		t.Errorf("after shrinking: %s %s", got[6].Event.Type(), got[6].Data.Metadata.Name)
 	}
 }

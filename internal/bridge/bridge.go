@@ -99,6 +99,9 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	if err := addHealth(mgr, cfg, nc, brokerReady); err != nil {
 		return err
 	}
+	if err := mgr.Add(connectionWatch{nc: nc, maxReconnects: cfg.NATS.MaxReconnects}); err != nil {
+		return err
+	}
 
 	log.Info("running")
 	if err := mgr.Start(ctx); err != nil {

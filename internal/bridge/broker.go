@@ -144,3 +144,29 @@ func (l *recordLoader) Start(ctx context.Context) error {
 	}
 	return nil
 }
+
+// connectionWatch stops the bridge once its NATS connection gave up
+// reconnecting (nats.maxReconnects): a bridge that can never publish again
+// should exit and be restarted, not stay up unready forever.
+type connectionWatch struct {
+	nc            *nats.Conn
+	maxReconnects int
+}
+
+// NeedLeaderElection is false: a standby's connection matters too.
+func (w connectionWatch) NeedLeaderElection() bool { return false }
+
+func (w connectionWatch) Start(ctx context.Context) error {
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			if w.nc.IsClosed() {
+				return fmt.Errorf("the NATS connection gave up after %d reconnection attempts (config key nats.maxReconnects)", w.maxReconnects)
+			}
+		}
+	}
+}
