@@ -162,3 +162,41 @@ func TestRedacted(t *testing.T) {
 		t.Errorf("Redacted = %q, want %q", got, want)
 	}
 }
+
+// TestTailSettings: tail's defaults (new events, follow, text), its tail:
+// section of the file, STUDENT_BRIDGE_TAIL_* over the file and flags over
+// both.
+func TestTailSettings(t *testing.T) {
+	loadTail := func(file string, args ...string) *config.Config {
+		t.Helper()
+		fs := pflag.NewFlagSet("tail", pflag.ContinueOnError)
+		l := config.NewTail(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := l.Load(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	if c := loadTail("").Tail; c.Deliver != "new" || !c.Follow || c.Output != "text" || c.Durable != "" {
+		t.Errorf("defaults: %+v", c)
+	}
+	file := writeFile(t, "tail:\n  deliver: since\n  since: 1h\n  output: json\n  durable: billing\n")
+	if c := loadTail(file).Tail; c.Deliver != "since" || c.Since != "1h" || c.Output != "json" || c.Durable != "billing" {
+		t.Errorf("tail: section: %+v", c)
+	}
+	t.Setenv("STUDENT_BRIDGE_TAIL_DURABLE", "audit")
+	t.Setenv("STUDENT_BRIDGE_TAIL_FOLLOW", "false")
+	if c := loadTail(file).Tail; c.Durable != "audit" || c.Follow || c.Deliver != "since" {
+		t.Errorf("env over file: %+v", c)
+	}
+	if c := loadTail(file, "--deliver=all", "--follow").Tail; c.Deliver != "all" || !c.Follow {
+		t.Errorf("flags over env and file: %+v", c)
+	}
+	since, err := config.SinceTime("1h", time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC))
+	if err != nil || !since.Equal(time.Date(2026, 1, 1, 11, 0, 0, 0, time.UTC)) {
+		t.Errorf("--since 1h: %v %v", since, err)
+	}
+}

@@ -189,54 +189,101 @@ func TestDurableResumesWithoutRepeats(t *testing.T) {
 	}
 }
 
-func TestFollowPrintsNewEvents(t *testing.T) {
-	f := setup(t)
-	f.history(t)
+// TestReplayThenFollow: in follow mode every delivery mode prints its
+// history and then goes on with new events; a durable follow resumes with
+// only what was published while it was away.
+func TestReplayThenFollow(t *testing.T) {
+	history := "#1 created a, #2 created b, #3 updated a, #4 created c, #5 deleted b"
+	cases := []struct {
+		name    string
+		o       tail.Options
+		printed string // the history printed before the new event
+	}{
+		{"all", tail.Options{Deliver: tail.DeliverAll}, history},
+		{"last per student", tail.Options{Deliver: tail.DeliverLast}, "#3 updated a, #4 created c, #5 deleted b"},
+		{"from sequence", tail.Options{Deliver: tail.DeliverSequence, FromSequence: 4}, "#4 created c, #5 deleted b"},
+		{"since", tail.Options{Deliver: tail.DeliverSince}, "#3 updated a, #4 created c, #5 deleted b"},
+		{"new (the default)", tail.Options{Deliver: tail.DeliverNew}, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := setup(t)
+			mid := f.history(t)
+			if tc.o.Deliver == tail.DeliverSince {
+				tc.o.Since = mid
+			}
+			got := f.follow(t, tc.o, strings.Count(tc.printed, "#"), "d")
+			want := strings.TrimPrefix(tc.printed+", #6 created d", ", ")
+			if got != want {
+				t.Errorf("got  %s\nwant %s", got, want)
+			}
+		})
+	}
+	t.Run("durable", func(t *testing.T) {
+		f := setup(t)
+		f.history(t)
+		o := tail.Options{Deliver: tail.DeliverAll, Durable: "billing"}
+		if got := f.follow(t, o, 5, "d"); got != history+", #6 created d" {
+			t.Fatalf("first run: %s", got)
+		}
+		f.publish(t, studentv1.EventTypeCreated, "e", "s1")
+		if got := f.follow(t, o, 1, "f"); got != "#7 created e, #8 created f" {
+			t.Errorf("resumed follow: %s, want only what came while it was away and then the new event", got)
+		}
+	})
+}
+
+// follow runs tail in follow mode until it printed printed lines, publishes
+// a created event of name, waits for it and returns the summary of all it
+// printed.
+func (f *fixture) follow(t *testing.T, o tail.Options, printed int, name string) string {
+	t.Helper()
+	o.Stream, o.Subjects, o.Follow = "STUDENTS", []string{"student.>"}, true
 	var mu sync.Mutex
 	var out bytes.Buffer
+	o.Out = lockedWriter{&mu, &out}
+	lines := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		if s := strings.TrimSpace(out.String()); s != "" {
+			return strings.Split(s, "\n")
+		}
+		return nil
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() {
-		done <- tail.Run(ctx, f.nc, tail.Options{Stream: "STUDENTS", Subjects: []string{"student.>"}, Deliver: tail.DeliverNew, Follow: true, Out: lockedWriter{&mu, &out}})
+	go func() { done <- tail.Run(ctx, f.nc, o) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
 	}()
-	// Publish only once tail's consumer exists, or deliver=new rightly
-	// misses the event.
+	// Publish only once tail's consumer exists and the history is out, or
+	// deliver=new rightly misses the event.
 	js, _ := jetstream.New(f.nc)
 	if err := stack.Eventually(10*time.Second, func() error {
-		st, err := js.Stream(ctx, "STUDENTS")
+		info, err := js.Stream(ctx, "STUDENTS")
 		if err != nil {
 			return err
 		}
-		info, err := st.Info(ctx)
-		if err != nil {
-			return err
-		}
-		if info.State.Consumers == 0 {
+		if info.CachedInfo().State.Consumers == 0 || len(lines()) < printed {
 			return errNotYet
 		}
 		return nil
 	}); err != nil {
-		t.Fatal(err)
+		t.Fatalf("history not printed: %q", lines())
 	}
-	f.publish(t, studentv1.EventTypeCreated, "d", "s1")
-	err := stack.Eventually(10*time.Second, func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		if !strings.Contains(out.String(), "created  default/d") {
+	f.publish(t, studentv1.EventTypeCreated, name, "s1")
+	if err := stack.Eventually(10*time.Second, func() error {
+		if !strings.Contains(strings.Join(lines(), "\n"), "created  default/"+name) {
 			return errNotYet
 		}
 		return nil
-	})
-	cancel()
-	if rerr := <-done; rerr != nil {
-		t.Fatal(rerr)
+	}); err != nil {
+		t.Fatalf("new event not printed; output %q", lines())
 	}
-	if err != nil {
-		t.Fatalf("new event not printed; output %q", out.String())
-	}
-	if strings.Count(strings.TrimSpace(out.String()), "\n") != 0 {
-		t.Errorf("history printed with deliver=new: %q", out.String())
-	}
+	return summary(lines())
 }
 
 var errNotYet = &notYet{}
