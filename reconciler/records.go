@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -302,20 +303,34 @@ func opResult(err error) string {
 }
 
 // SeedFromStatus returns the records that Students' status.lastPublished
-// held before the record store existed, read from reader (the manager's
-// cache, so only Students the bridge watches).
-func SeedFromStatus(reader client.Reader) func(context.Context) ([]studentv1.StudentRecord, error) {
+// held before the record store existed. It lists the Students in namespaces
+// (all when empty) that match selector from reader, the API server (the
+// bridge's cache does not keep what was published), a page at a time.
+func SeedFromStatus(reader client.Reader, namespaces []string, selector labels.Selector) func(context.Context) ([]studentv1.StudentRecord, error) {
 	return func(ctx context.Context) ([]studentv1.StudentRecord, error) {
-		var list studentv1.StudentList
-		if err := reader.List(ctx, &list); err != nil {
-			return nil, fmt.Errorf("list students: %w", err)
+		if len(namespaces) == 0 {
+			namespaces = []string{""}
 		}
 		var out []studentv1.StudentRecord
-		for _, s := range list.Items {
-			if s.Status.LastPublished == nil {
-				continue
+		for _, ns := range namespaces {
+			opts := []client.ListOption{client.InNamespace(ns), client.Limit(500)}
+			if selector != nil {
+				opts = append(opts, client.MatchingLabelsSelector{Selector: selector})
 			}
-			out = append(out, studentv1.StudentRecord{Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Published: *s.Status.LastPublished})
+			for cont := ""; ; {
+				var list studentv1.StudentList
+				if err := reader.List(ctx, &list, append(opts, client.Continue(cont))...); err != nil {
+					return nil, fmt.Errorf("list students: %w", err)
+				}
+				for _, s := range list.Items {
+					if s.Status.LastPublished != nil {
+						out = append(out, studentv1.StudentRecord{Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Published: *s.Status.LastPublished})
+					}
+				}
+				if cont = list.Continue; cont == "" {
+					break
+				}
+			}
 		}
 		return out, nil
 	}

@@ -99,7 +99,7 @@ func (w *StatusWriter) write(ctx context.Context, key types.NamespacedName) erro
 		return client.IgnoreNotFound(err)
 	}
 	view := w.View(&stu)
-	if equality.Semantic.DeepEqual(stu.Status, view) {
+	if equality.Semantic.DeepEqual(stu.Status, TrimStatus(view)) {
 		return nil
 	}
 	if !failing(view) {
@@ -119,14 +119,17 @@ func (w *StatusWriter) write(ctx context.Context, key types.NamespacedName) erro
 	if err := w.Client.Get(ctx, key, &stu); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	orig := stu.DeepCopy()
-	stu.Status = w.View(&stu)
-	if equality.Semantic.DeepEqual(orig.Status, stu.Status) {
+	view = w.View(&stu)
+	if equality.Semantic.DeepEqual(stu.Status, TrimStatus(view)) {
 		return nil
 	}
-	// Conditional on the resourceVersion the view was computed from: a
-	// stale view never lands (nor on a Student re-created with the name).
-	if err := w.Client.Status().Patch(ctx, &stu, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+	// The whole status, replaced (the cache holds it trimmed, so a patch
+	// computed from it could leave stale labels behind), and conditional on
+	// the resourceVersion the view was computed from: a stale view never
+	// lands, nor on a Student re-created with the name. The API server
+	// ignores everything but status on this subresource.
+	stu.Status = view
+	if err := w.Client.Status().Update(ctx, &stu); err != nil {
 		if apierrors.IsConflict(err) {
 			w.queue.Add(key) // written again from a fresher cache
 			return nil
@@ -140,6 +143,18 @@ func (w *StatusWriter) write(ctx context.Context, key types.NamespacedName) erro
 func failing(s studentv1.StudentStatus) bool {
 	c := meta.FindStatusCondition(s.Conditions, studentv1.ConditionPublished)
 	return c != nil && c.Status == metav1.ConditionFalse
+}
+
+// TrimStatus is status as the bridge's cache keeps it: lastPublished
+// without the spec and labels that were published (the record store has
+// them; the cache need not hold them twice).
+func TrimStatus(s studentv1.StudentStatus) studentv1.StudentStatus {
+	if s.LastPublished != nil {
+		lp := *s.LastPublished
+		lp.Spec, lp.Labels = studentv1.StudentSpec{}, nil
+		s.LastPublished = &lp
+	}
+	return s
 }
 
 // StatusView is the status stu shows, given its record (nil if nothing was

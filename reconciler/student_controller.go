@@ -503,9 +503,11 @@ func (r *StudentReconciler) rememberGone() predicate.Predicate {
 }
 
 // changePredicate lets through the updates that can need an event or a
-// finalizer: spec (generation), labels, deletion and finalizers. Status and
-// annotation updates, the bridge's own status writes among them, are
-// dropped before they reach the queue.
+// finalizer: spec (generation), labels, deletion, and the bridge's finalizer
+// removed by someone else (it must go back on). The bridge's own writes,
+// its finalizer added and its status, and annotation updates are dropped
+// before they reach the queue: the reconcile that added the finalizer went
+// on to publish, and a second one would only try again what failed.
 func changePredicate() predicate.Predicate {
 	return predicate.Funcs{
 		UpdateFunc: func(e event.UpdateEvent) bool {
@@ -513,7 +515,7 @@ func changePredicate() predicate.Predicate {
 			return o.GetGeneration() != n.GetGeneration() ||
 				!equality.Semantic.DeepEqual(o.GetLabels(), n.GetLabels()) ||
 				!equality.Semantic.DeepEqual(o.GetDeletionTimestamp(), n.GetDeletionTimestamp()) ||
-				!equality.Semantic.DeepEqual(o.GetFinalizers(), n.GetFinalizers())
+				controllerutil.ContainsFinalizer(o, studentv1.Finalizer) && !controllerutil.ContainsFinalizer(n, studentv1.Finalizer) && n.GetDeletionTimestamp() == nil
 		},
 	}
 }

@@ -78,7 +78,11 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 
 	restCfg = rest.CopyConfig(restCfg)
 	restCfg.QPS, restCfg.Burst = cfg.KubeAPIQPS, cfg.KubeAPIBurst
-	mgr, err := newManager(cfg, restCfg)
+	selector, err := labels.Parse(cfg.LabelSelector)
+	if err != nil {
+		return fmt.Errorf("config key labelSelector: %w", err)
+	}
+	mgr, err := newManager(cfg, restCfg, selector)
 	if err != nil {
 		return err
 	}
@@ -90,7 +94,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	if err != nil {
 		return err
 	}
-	if err := mgr.Add(&recordLoader{nc: nc, cfg: cfg, mgr: mgr, r: r, log: log.WithName("records")}); err != nil {
+	if err := mgr.Add(&recordLoader{nc: nc, cfg: cfg, selector: selector, mgr: mgr, r: r, log: log.WithName("records")}); err != nil {
 		return err
 	}
 	if err := addSnapshots(mgr, cfg, nc, pub, log); err != nil {
@@ -218,7 +222,7 @@ func addHealth(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, brokerRea
 	})
 }
 
-func newManager(cfg *config.Config, restCfg *rest.Config) (manager.Manager, error) {
+func newManager(cfg *config.Config, restCfg *rest.Config, selector labels.Selector) (manager.Manager, error) {
 	students := cache.ByObject{Transform: trimStudent}
 	cacheOpts := cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
 	if len(cfg.Namespaces) > 0 {
@@ -228,11 +232,7 @@ func newManager(cfg *config.Config, restCfg *rest.Config) (manager.Manager, erro
 		}
 	}
 	if cfg.LabelSelector != "" {
-		sel, err := labels.Parse(cfg.LabelSelector)
-		if err != nil {
-			return nil, fmt.Errorf("config key labelSelector: %w", err)
-		}
-		students.Label = sel
+		students.Label = selector
 	}
 	cacheOpts.ByObject = map[client.Object]cache.ByObject{&studentv1.Student{}: students}
 	leNamespace := cfg.LeaderElection.Namespace
@@ -269,11 +269,13 @@ func newManager(cfg *config.Config, restCfg *rest.Config) (manager.Manager, erro
 }
 
 // trimStudent keeps in the cache only what the bridge reads of a Student:
-// managed fields and annotations are never published nor read.
+// managed fields and annotations are never published nor read, and what
+// was published lives in the record store, not in the status.
 func trimStudent(obj any) (any, error) {
 	if s, ok := obj.(*studentv1.Student); ok {
 		s.ManagedFields = nil
 		s.Annotations = nil
+		s.Status = reconciler.TrimStatus(s.Status)
 	}
 	return obj, nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/student-bridge/student-bridge/internal/config"
@@ -99,9 +100,11 @@ func (s *streamEnsurer) Start(ctx context.Context) error {
 type recordLoader struct {
 	nc  *nats.Conn
 	cfg *config.Config
-	mgr manager.Manager
-	r   *reconciler.StudentReconciler
-	log logr.Logger
+	// selector is cfg.LabelSelector, parsed.
+	selector labels.Selector
+	mgr      manager.Manager
+	r        *reconciler.StudentReconciler
+	log      logr.Logger
 }
 
 // NeedLeaderElection is true: only the leader publishes and writes records.
@@ -123,7 +126,7 @@ func (l *recordLoader) Start(ctx context.Context) error {
 			return err
 		}
 		start := time.Now()
-		if err := l.r.Records.Load(ctx, store, reconciler.SeedFromStatus(l.mgr.GetClient())); err != nil {
+		if err := l.r.Records.Load(ctx, store, reconciler.SeedFromStatus(l.mgr.GetAPIReader(), l.cfg.Namespaces, l.selector)); err != nil {
 			return err
 		}
 		l.log.Info("record store loaded", "bucket", bucket.Name, "records", len(l.r.Records.All()), "took", time.Since(start).String())
