@@ -61,9 +61,10 @@ fmt: ## Run gofmt.
 	gofmt -l -w $$(git ls-files '*.go')
 
 .PHONY: vet
-vet: ## Run go vet and fail on unformatted Go files.
+vet: ## Run go vet; fail on unformatted Go files and on tracked files over 1 MiB (a binary committed by mistake).
 	$(GO) vet ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "not gofmt-ed: $$unformatted"; exit 1; fi
+	@large=$$(git ls-files -z | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$$1 > 1048576 {print $$2}' || true); if [ -n "$$large" ]; then echo "tracked files over 1 MiB: $$large"; exit 1; fi
 
 .PHONY: build
 build: ## Build bin/student-bridge.
