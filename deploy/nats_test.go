@@ -109,7 +109,7 @@ func TestShippedNATSConfig(t *testing.T) {
 	if err := os.WriteFile(pwFile, []byte("bridge-secret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nats-config-check"}}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "nats-config-check-"}}
 	if err := st.Client.Create(ctx, ns); err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 func student(t *testing.T) *studentv1.Student {
 	t.Helper()
 	ctx := context.Background()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: strings.ToLower(t.Name())}}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: strings.ToLower(t.Name()) + "-"}}
 	if err := st.Client.Create(ctx, ns); err != nil {
 		t.Fatal(err)
 	}
