@@ -161,11 +161,44 @@ func (r *Records) All() []studentv1.StudentRecord {
 // record is read again (another writer owns the truth) and the error wraps
 // sink.ErrConflict. On any other failure rec is kept as unsaved and the
 // error returned: the event it records is out and must not go out again.
+//
+// The write goes out without holding the lock, so reconciles of other
+// Students write theirs meanwhile; a Student is never reconciled twice at
+// once, so nobody else in this bridge writes the same key. While earlier
+// records wait for the store (after a failure), they are written first,
+// under the lock, in one go.
 func (r *Records) Save(ctx context.Context, rec studentv1.StudentRecord) error {
+	uid := types.UID(rec.UID)
+	r.mu.Lock()
+	if len(r.unsaved) > 0 {
+		defer r.mu.Unlock()
+		r.setLocked(rec, r.revisionLocked(uid), false)
+		return r.flushLocked(ctx)
+	}
+	revision := r.revisionLocked(uid)
+	r.setLocked(rec, revision, true)
+	e := r.byUID[uid]
+	r.mu.Unlock()
+
+	value, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("encode record %s: %w", uid, err)
+	}
+	newRevision, err := r.store.Put(ctx, string(uid), value, revision)
+	storeOps.WithLabelValues("put", opResult(err)).Inc()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.setLocked(rec, r.revisionLocked(types.UID(rec.UID)), false)
-	return r.flushLocked(ctx)
+	defer func() { unsavedGauge.Set(float64(len(r.unsaved))); recordsGauge.Set(float64(len(r.byUID))) }()
+	switch {
+	case err == nil:
+		e.revision = newRevision
+		return nil
+	case errors.Is(err, sink.ErrConflict), errors.Is(err, sink.ErrTooLarge):
+		r.rereadLocked(ctx, uid)
+	case r.byUID[uid] == e:
+		r.unsaved[uid] = struct{}{}
+	}
+	return fmt.Errorf("write record %s: %w", uid, err)
 }
 
 // Flush writes the records whose write failed before. It returns nil once
