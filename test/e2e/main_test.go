@@ -76,8 +76,16 @@ func startIn(t *testing.T, dir string, env []string, args ...string) *proc {
 	go func() { p.done <- p.cmd.Wait() }()
 	t.Cleanup(func() {
 		if p.cmd.ProcessState == nil {
-			_ = p.cmd.Process.Kill()
-			<-p.done
+			// SIGTERM first: `dev` stops its kube-apiserver and etcd on
+			// it, where SIGKILL would leave them running.
+			_ = p.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case err := <-p.done:
+				p.done <- err
+			case <-time.After(15 * time.Second):
+				_ = p.cmd.Process.Kill()
+				<-p.done
+			}
 		}
 		if t.Failed() {
 			t.Logf("output of %v:\n%s", args, p.output())
