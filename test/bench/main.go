@@ -189,6 +189,7 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 		}
 	}
 	b.WriteString("\nHighest sustained rate (p99 < 1 s, no lost final state, generator kept its schedule):\n\n")
+	probeRuns := 0 // names each probe's namespace and stream
 	for _, v := range variants {
 		if _, ok := results[key{v.name, o.rates[0]}]; !ok {
 			continue
@@ -208,8 +209,9 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 		for float64(hi-lo) > 0.1*float64(lo) {
 			mid := (lo + hi) / 2
 			var rs []result
-			for rep := range o.reps {
-				r, err := runOne(ctx, e, v, mid, fmt.Sprintf("b%d%d%d", len(probes), rep, mid))
+			for range o.reps {
+				probeRuns++
+				r, err := runOne(ctx, e, v, mid, fmt.Sprintf("b%d", probeRuns))
 				if err != nil {
 					return fmt.Errorf("%s at %d/s: %w", v.name, mid, err)
 				}
