@@ -280,18 +280,5 @@ func metricSum(url, prefix string) float64 {
 	return sum
 }
 
-func metric(url, name string) float64 {
-	resp, err := http.Get(url)
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if strings.HasPrefix(line, name+" ") {
-			v, _ := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, name)), 64)
-			return v
-		}
-	}
-	return 0
-}
+// metric is the value of the series name (with its labels, if any).
+func metric(url, name string) float64 { return metricSum(url, name+" ") }
