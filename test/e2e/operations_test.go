@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -234,3 +236,114 @@ func TestKubeconfigSources(t *testing.T) {
 		})
 	}
 }
+
+// TestSecondSignalExitsAtOnce: SIGTERM waits for a reconcile in flight (here
+// a publish whose acknowledgement is held back), and a second signal exits
+// at once without waiting for it.
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	w := newWorld(t)
+	proxy := newFreezingProxy(t, strings.TrimPrefix(w.st.NATS.URL(), "nats://"))
+	p := start(t, t.TempDir(), append(w.bridgeArgs(w.admin, "--shutdown-timeout=60s"), "--nats-url", "nats://"+proxy.addr, "--nats-ack-timeout", "30s")...)
+	p.waitOutput(t, "stream ready", 30*time.Second)
+	w.create(t, "default", "first", "china")
+	w.waitVerified(t, "default", 30*time.Second)
+
+	proxy.freeze() // the bridge's next publish waits for an ack that does not come
+	w.create(t, "default", "held", "china")
+	waitFor(t, "the held Student's write sent", func() error {
+		if n := proxy.sentFrozen.Load(); n < 200 {
+			return fmt.Errorf("%d bytes sent since the freeze", n)
+		}
+		return nil
+	})
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.done:
+		p.done <- err
+		t.Fatalf("exited (%v) on the first signal with a publish in flight", err)
+	case <-time.After(2 * time.Second):
+	}
+	second := time.Now()
+	if err := p.stop(t, syscall.SIGTERM); err == nil {
+		t.Errorf("exit 0 after the second signal, want 1")
+	}
+	if took := time.Since(second); took > 10*time.Second {
+		t.Errorf("exited %s after the second signal", took)
+	}
+	if !strings.Contains(p.output(), "second signal") {
+		t.Errorf("no word of the second signal in the output")
+	}
+}
+
+// freezingProxy forwards TCP to a NATS server until frozen; then it holds
+// every byte from the server back, as a server that stopped answering.
+type freezingProxy struct {
+	addr   string
+	frozen atomic.Bool
+	// sentFrozen counts the bytes the client sent while frozen.
+	sentFrozen atomic.Int64
+}
+
+func newFreezingProxy(t *testing.T, target string) *freezingProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	p := &freezingProxy{addr: l.Addr().String()}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go func() {
+				buf := make([]byte, 32*1024)
+				for {
+					n, err := c.Read(buf)
+					if p.frozen.Load() {
+						p.sentFrozen.Add(int64(n))
+					}
+					if n > 0 {
+						if _, werr := s.Write(buf[:n]); werr != nil {
+							break
+						}
+					}
+					if err != nil {
+						break
+					}
+				}
+				s.Close()
+			}()
+			go func() {
+				buf := make([]byte, 32*1024)
+				for {
+					n, err := s.Read(buf)
+					for p.frozen.Load() {
+						time.Sleep(10 * time.Millisecond)
+					}
+					if n > 0 {
+						if _, werr := c.Write(buf[:n]); werr != nil {
+							break
+						}
+					}
+					if err != nil {
+						break
+					}
+				}
+				c.Close()
+			}()
+		}
+	}()
+	return p
+}
+
+func (p *freezingProxy) freeze() { p.frozen.Store(true) }
