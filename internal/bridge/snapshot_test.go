@@ -70,3 +70,48 @@ func TestSnapshots(t *testing.T) {
 	}
 	waitStream(t, nc, cfg.NATS.Stream.Name, 8)
 }
+
+// TestSnapshotsWithLeaderElection: of two replicas with leader election,
+// only the leader publishes the startup snapshot and answers requests: one
+// snapshot event per Student each time, not one per replica.
+func TestSnapshotsWithLeaderElection(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "lead")
+	cfg.Snapshot.RequestSubject = "lead-bridge.snapshot"
+	cfg.Snapshot.OnStartup = true
+	cfg.LeaderElection.Enabled = true
+	cfg.LeaderElection.Namespace = ns
+	cfg.LeaderElection.ID = "snapshot-lease"
+	nc := natsConn(t)
+	for _, name := range []string{"a", "b"} {
+		if err := st.Client.Create(ctx, newStudent(ns, name, name, "school")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	startBridge(t, cfg)
+	standby := *cfg
+	startBridge(t, &standby)
+	// The leader publishes the created events and its startup snapshot.
+	waitStream(t, nc, cfg.NATS.Stream.Name, 4)
+
+	body, _ := json.Marshal(studentv1.SnapshotRequest{})
+	msg, err := nc.Request(cfg.Snapshot.RequestSubject, body, 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reply studentv1.SnapshotReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil || reply.Published != 2 {
+		t.Fatalf("snapshot reply %s (%v), want 2 published", msg.Data, err)
+	}
+	got := waitStream(t, nc, cfg.NATS.Stream.Name, 6)
+	snapshots := 0
+	for _, r := range got {
+		if r.Event.Type() == studentv1.EventTypeSnapshot {
+			snapshots++
+		}
+	}
+	if snapshots != 4 {
+		t.Errorf("%d snapshot events, want 2 at startup and 2 on request: %v", snapshots, types(got))
+	}
+}
