@@ -146,6 +146,13 @@ func (r *Records) ForName(key types.NamespacedName) []studentv1.StudentRecord {
 	return out
 }
 
+// Len is the number of records.
+func (r *Records) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.byUID)
+}
+
 // All returns every record.
 func (r *Records) All() []studentv1.StudentRecord {
 	r.mu.Lock()

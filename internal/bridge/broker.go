@@ -111,31 +111,39 @@ type recordLoader struct {
 func (l *recordLoader) NeedLeaderElection() bool { return true }
 
 func (l *recordLoader) Start(ctx context.Context) error {
-	if !l.mgr.GetCache().WaitForCacheSync(ctx) {
-		return nil
-	}
+	// The records load while the cache syncs: a restart waits for the
+	// longer of the two, not for both in turn.
 	bucket := natssink.BucketConfig{Name: l.cfg.State.Bucket, Storage: l.cfg.State.Storage, Replicas: l.cfg.State.Replicas, Timeout: l.cfg.NATS.AckTimeout}
+	var store *natssink.KV
 	err := retry(ctx, l.log, "record store load", func(ctx context.Context) error {
 		if !l.nc.IsConnected() {
 			return fmt.Errorf("NATS %s", l.nc.Status())
 		}
 		ctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
-		store, err := natssink.EnsureBucket(ctx, l.nc, bucket, l.cfg.State.Create)
-		if err != nil {
+		var err error
+		if store, err = natssink.EnsureBucket(ctx, l.nc, bucket, l.cfg.State.Create); err != nil {
 			return err
 		}
 		start := time.Now()
 		if err := l.r.Records.Load(ctx, store, reconciler.SeedFromStatus(l.mgr.GetAPIReader(), l.cfg.Namespaces, l.selector)); err != nil {
 			return err
 		}
-		l.log.Info("record store loaded", "bucket", bucket.Name, "records", len(l.r.Records.All()), "took", time.Since(start).String())
+		l.log.Info("record store loaded", "bucket", bucket.Name, "records", l.r.Records.Len(), "took", time.Since(start).String())
 		return nil
 	}, natssink.ErrBucketShape)
 	if err != nil {
 		return fmt.Errorf("config key state.bucket: %w", err)
 	}
 	if ctx.Err() != nil {
+		return nil
+	}
+	go func() {
+		if err := store.PurgeDeleteMarkers(ctx); err != nil && ctx.Err() == nil {
+			l.log.Info("purging the delete markers of removed records failed; they are purged at the next start", "reason", err.Error())
+		}
+	}()
+	if !l.mgr.GetCache().WaitForCacheSync(ctx) {
 		return nil
 	}
 	n, err := l.r.CatchUp(ctx, l.mgr.GetClient())

@@ -82,12 +82,17 @@ func EnsureBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create b
 	return &KV{nc: nc, kv: kv, timeout: cfg.Timeout}, nil
 }
 
-// Load implements sink.Store with one watch of every key. Delete markers
-// older than a minute are purged first, so they do not pile up.
-func (s *KV) Load(ctx context.Context) ([]sink.Record, error) {
+// PurgeDeleteMarkers removes the delete markers older than a minute that
+// removed records leave behind, so they do not pile up in the bucket.
+func (s *KV) PurgeDeleteMarkers(ctx context.Context) error {
 	if err := s.kv.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(time.Minute)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, s.classify("purge delete markers", err)
+		return s.classify("purge delete markers", err)
 	}
+	return nil
+}
+
+// Load implements sink.Store with one watch of every key.
+func (s *KV) Load(ctx context.Context) ([]sink.Record, error) {
 	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, s.classify("watch", err)
