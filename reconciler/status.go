@@ -157,17 +157,12 @@ func TrimStatus(s studentv1.StudentStatus) studentv1.StudentStatus {
 	return s
 }
 
-// StatusView is the status stu shows, given its record (nil if nothing was
-// published) and the last publish failure (nil if none). Conditions other
-// than Published are kept as they are.
-func StatusView(stu *studentv1.Student, rec *studentv1.StudentRecord, failure error) studentv1.StudentStatus {
+// StatusView is the status stu shows, given the event last published for it
+// (nil if none) and the last publish failure (nil if none). Conditions
+// other than Published are kept as they are.
+func StatusView(stu *studentv1.Student, last *studentv1.PublishedEvent, failure error) studentv1.StudentStatus {
 	s := *stu.Status.DeepCopy()
-	var last *studentv1.PublishedEvent
-	if rec != nil && !rec.Pending {
-		p := rec.Published
-		last = &p
-	}
-	s.LastPublished = last
+	s.LastPublished = last.DeepCopy()
 	s.ObservedGeneration = stu.Generation
 	meta.SetStatusCondition(&s.Conditions, publishedCondition(stu, last, failure))
 	return s

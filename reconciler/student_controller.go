@@ -133,11 +133,7 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ct
 }
 
 func (r *StudentReconciler) reconcileNormal(ctx context.Context, stu *studentv1.Student) error {
-	rec, ok := r.Records.Get(stu.UID)
-	var last *studentv1.PublishedEvent
-	if ok && !rec.Pending {
-		last = &rec.Published
-	}
+	last := lastPublished(r.Records.Get(stu.UID))
 	if typ := NextChange(stu, last); typ != "" {
 		if err := r.publish(ctx, stu, typ, last); err != nil {
 			return err
@@ -158,12 +154,7 @@ func (r *StudentReconciler) reconcileDelete(ctx context.Context, stu *studentv1.
 		// Not held: its deletion is published when it is gone.
 		return nil
 	}
-	rec, ok := r.Records.Get(stu.UID)
-	if !ok || rec.Published.Type != studentv1.EventTypeDeleted {
-		var last *studentv1.PublishedEvent
-		if ok && !rec.Pending {
-			last = &rec.Published
-		}
+	if last := lastPublished(r.Records.Get(stu.UID)); last == nil || last.Type != studentv1.EventTypeDeleted {
 		if err := r.publish(ctx, stu, studentv1.EventTypeDeleted, last); err != nil {
 			return err
 		}
@@ -230,11 +221,7 @@ func (r *StudentReconciler) publishGone(ctx context.Context, key types.Namespace
 	if v, ok := r.gone.Load(key); ok && string(v.(*studentv1.Student).UID) == rec.UID {
 		gone = v.(*studentv1.Student)
 	}
-	var last *studentv1.PublishedEvent
-	if !rec.Pending {
-		last = &rec.Published
-	}
-	if err := r.publish(ctx, gone, studentv1.EventTypeDeleted, last); err != nil {
+	if err := r.publish(ctx, gone, studentv1.EventTypeDeleted, lastPublished(rec, true)); err != nil {
 		return err
 	}
 	log.FromContext(ctx).Info("Student gone without its finalizer; published its deletion", "uid", rec.UID)
@@ -245,11 +232,7 @@ func (r *StudentReconciler) publishGone(ctx context.Context, key types.Namespace
 // (for consumers it left the set) and lets go of it. Its record stays, as
 // deleted, so that if it comes back it is created with a new id.
 func (r *StudentReconciler) leaveScope(ctx context.Context, live *studentv1.Student, rec studentv1.StudentRecord) error {
-	var last *studentv1.PublishedEvent
-	if !rec.Pending {
-		last = &rec.Published
-	}
-	if err := r.publish(ctx, live, studentv1.EventTypeDeleted, last); err != nil {
+	if err := r.publish(ctx, live, studentv1.EventTypeDeleted, lastPublished(rec, true)); err != nil {
 		return err
 	}
 	err := r.patchFinalizers(ctx, live, func(s *studentv1.Student) bool { return controllerutil.RemoveFinalizer(s, studentv1.Finalizer) })
@@ -279,6 +262,15 @@ func (r *StudentReconciler) reconcileReplaced(ctx context.Context, stu *studentv
 		}
 	}
 	return nil
+}
+
+// lastPublished is the event a record says was last published: nil without
+// a record (ok false) or while its first event is pending.
+func lastPublished(rec studentv1.StudentRecord, ok bool) *studentv1.PublishedEvent {
+	if !ok || rec.Pending {
+		return nil
+	}
+	return &rec.Published
 }
 
 // recordedStudent is the Student as its record last published it.
@@ -411,15 +403,11 @@ func failureReason(err error) string {
 // View is the status stu should show now: StatusView of its record and last
 // failure.
 func (r *StudentReconciler) View(stu *studentv1.Student) studentv1.StudentStatus {
-	var rec *studentv1.StudentRecord
-	if got, ok := r.Records.Get(stu.UID); ok {
-		rec = &got
-	}
 	var failure error
 	if v, ok := r.failures.Load(client.ObjectKeyFromObject(stu)); ok {
 		failure = v.(error)
 	}
-	return StatusView(stu, rec, failure)
+	return StatusView(stu, lastPublished(r.Records.Get(stu.UID)), failure)
 }
 
 func publishedCondition(stu *studentv1.Student, last *studentv1.PublishedEvent, pubErr error) metav1.Condition {
