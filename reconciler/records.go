@@ -192,13 +192,25 @@ func (r *Records) Save(ctx context.Context, rec studentv1.StudentRecord) error {
 		return fmt.Errorf("encode record %s: %w", uid, err)
 	}
 	newRevision, err := r.store.Put(ctx, string(uid), value, revision)
-	storeOps.WithLabelValues("put", opResult(err)).Inc()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	defer func() { unsavedGauge.Set(float64(len(r.unsaved))); recordsGauge.Set(float64(len(r.byUID))) }()
+	err = r.settleLocked(ctx, uid, e, newRevision, err)
+	unsavedGauge.Set(float64(len(r.unsaved)))
+	recordsGauge.Set(float64(len(r.byUID)))
+	return err
+}
+
+// settleLocked records the outcome of writing entry e of uid: its new
+// revision, or, on a conflict or a record that will never fit, what the
+// store holds (another writer's record is the truth, and holding back one
+// that never fits would block every other Student), or else e kept as
+// unsaved.
+func (r *Records) settleLocked(ctx context.Context, uid types.UID, e *entry, revision uint64, err error) error {
+	storeOps.WithLabelValues("put", opResult(err)).Inc()
 	switch {
 	case err == nil:
-		e.revision = newRevision
+		e.revision = revision
+		delete(r.unsaved, uid)
 		return nil
 	case errors.Is(err, sink.ErrConflict), errors.Is(err, sink.ErrTooLarge):
 		r.rereadLocked(ctx, uid)
@@ -257,19 +269,8 @@ func (r *Records) flushLocked(ctx context.Context) error {
 			return fmt.Errorf("encode record %s: %w", uid, err)
 		}
 		rev, err := r.store.Put(ctx, string(uid), value, e.revision)
-		storeOps.WithLabelValues("put", opResult(err)).Inc()
-		switch {
-		case err == nil:
-			e.revision = rev
-			delete(r.unsaved, uid)
-		case errors.Is(err, sink.ErrConflict), errors.Is(err, sink.ErrTooLarge):
-			// Another writer's record, or one that will never fit: what the
-			// store holds is the truth, and holding this one back would
-			// block every other Student.
-			r.rereadLocked(ctx, uid)
-			errs = append(errs, fmt.Errorf("write record %s: %w", uid, err))
-		default:
-			errs = append(errs, fmt.Errorf("write record %s: %w", uid, err))
+		if err := r.settleLocked(ctx, uid, e, rev, err); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	unsavedGauge.Set(float64(len(r.unsaved)))
