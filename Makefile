@@ -14,6 +14,8 @@ KUBE_APISERVER := $(BIN)/kube-apiserver
 ETCD           := $(BIN)/etcd
 KUBECTL        := $(BIN)/kubectl
 CONTROL_PLANE  := $(KUBE_APISERVER) $(ETCD) $(KUBECTL)
+HELM           := $(BIN)/helm
+CHART          := deploy/helm/student-bridge
 
 # A KUBEBUILDER_ASSETS set by the user wins over the binaries built here:
 # then nothing is built for the tests.
@@ -38,22 +40,26 @@ run: build $(TEST_DEPS) ## Run the bridge on a local stack (kube-apiserver + etc
 	$(BIN)/student-bridge dev --assets $(KUBEBUILDER_ASSETS)
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Generate deepcopy code for the API types and configs/student-bridge.yaml.
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code, configs/student-bridge.yaml and the chart's values.schema.json.
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(GO) run ./hack/configdoc configs/student-bridge.yaml deploy/manager/student-bridge.yaml
+	$(GO) run ./hack/chartschema $(CHART)/values.schema.json
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC under deploy/.
+manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC under deploy/ (and their copies in the Helm chart).
 	$(CONTROLLER_GEN) crd rbac:roleName=student-bridge paths=./... \
 		output:crd:artifacts:config=deploy/crd output:rbac:artifacts:config=deploy/rbac
+	cp deploy/crd/example.k8s.io_students.yaml $(CHART)/crds/
+	cp deploy/rbac/role.yaml $(CHART)/files/role.yaml
 
 .PHONY: verify-gen
 verify-gen: $(CONTROLLER_GEN) ## Fail if generated code or manifests are stale (regenerates them in place).
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	mkdir -p "$$tmp/deploy" && cp -r api configs "$$tmp/" && cp -r deploy/crd deploy/rbac deploy/manager "$$tmp/deploy/"; \
+	mkdir -p "$$tmp/deploy" && cp -r api configs "$$tmp/" && cp -r deploy/crd deploy/rbac deploy/manager deploy/helm "$$tmp/deploy/"; \
 	$(MAKE) --no-print-directory -s generate manifests; \
 	if ! diff -r "$$tmp/api" api || ! diff -r "$$tmp/configs" configs || ! diff -r "$$tmp/deploy/crd" deploy/crd || \
-		! diff -r "$$tmp/deploy/rbac" deploy/rbac || ! diff -r "$$tmp/deploy/manager" deploy/manager; then \
+		! diff -r "$$tmp/deploy/rbac" deploy/rbac || ! diff -r "$$tmp/deploy/manager" deploy/manager || \
+		! diff -r "$$tmp/deploy/helm" deploy/helm; then \
 		echo "generated files were stale and have been regenerated: review and commit them"; exit 1; fi
 
 .PHONY: fmt
@@ -71,7 +77,7 @@ build: ## Build bin/student-bridge.
 	$(GO) build -o $(BIN)/student-bridge ./cmd/student-bridge
 
 .PHONY: test
-test: verify-gen vet $(TEST_DEPS) ## Check generated files, vet, and run every test with -race against a real kube-apiserver and NATS.
+test: verify-gen vet $(TEST_DEPS) $(HELM) ## Check generated files, vet, and run every test with -race against a real kube-apiserver and NATS.
 	$(GO) test $(TEST_FLAGS) ./...
 
 ##@ Deployment (needs a container engine and a cluster; not used by the tests)
@@ -101,7 +107,7 @@ bench: $(TEST_DEPS) ## Run the end-to-end benchmark (about 20 minutes); results 
 ##@ Tools (built from the Go module proxy into bin/, once)
 
 .PHONY: tools
-tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) ## Build controller-gen, kube-apiserver, etcd and kubectl.
+tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(HELM) ## Build controller-gen, kube-apiserver, etcd, kubectl and helm.
 
 $(CONTROLLER_GEN): $(TOOLS)/go.mod
 	cd $(TOOLS) && GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen
@@ -111,6 +117,17 @@ $(CONTROLLER_GEN): $(TOOLS)/go.mod
 $(KUBE_APISERVER) $(KUBECTL) $(ETCD) &: $(TOOLS)/go.mod
 	cd $(TOOLS) && $(GO) build -o $(BIN)/ k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./cmd/etcd
 	touch $(KUBE_APISERVER) $(KUBECTL) $(ETCD)
+
+# helm has a module of its own (its k8s.io versions differ from
+# kube-apiserver's); only the chart tests need it, so `make run` never waits
+# for it.
+$(HELM): $(TOOLS)/helm/go.mod
+	cd $(TOOLS)/helm && GOBIN=$(BIN) $(GO) install helm.sh/helm/v4/cmd/helm
+	touch $(HELM)
+
+.PHONY: helm-lint
+helm-lint: $(HELM) ## Lint the Helm chart (the tests also lint it with other values).
+	$(HELM) lint --strict $(CHART)
 
 .PHONY: clean
 clean: ## Remove bin/ and the local stack's state.

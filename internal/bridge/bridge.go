@@ -10,8 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
-	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -235,13 +233,9 @@ func newManager(cfg *config.Config, restCfg *rest.Config, selector labels.Select
 		students.Label = selector
 	}
 	cacheOpts.ByObject = map[client.Object]cache.ByObject{&studentv1.Student{}: students}
-	leNamespace := cfg.LeaderElection.Namespace
-	if cfg.LeaderElection.Enabled && leNamespace == "" {
-		if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil {
-			leNamespace = strings.TrimSpace(string(b))
-		} else {
-			leNamespace = "default"
-		}
+	leNamespace := ""
+	if cfg.LeaderElection.Enabled {
+		leNamespace = leaseNamespace(cfg)
 	}
 	grace := cfg.ShutdownTimeout
 	le := cfg.LeaderElection

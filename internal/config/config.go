@@ -223,6 +223,19 @@ var Settings = []Setting{
 	{"snapshot.requestSubject", "snapshot-request-subject", "student-bridge.snapshot", "NATS subject on which the leader answers snapshot requests; empty disables them. Must not be under the stream's subjects."},
 }
 
+// Choices lists the values a string key accepts, where they are few. The
+// Helm chart's values.schema.json is generated with them; Validate checks
+// the same sets.
+var Choices = map[string][]string{
+	"nats.mode":           {"jetstream", "core"},
+	"nats.encoding":       {"structured", "binary"},
+	"nats.stream.storage": {"file", "memory"},
+	"nats.stream.discard": {"old", "new"},
+	"state.storage":       {"file", "memory"},
+	"tail.output":         {"text", "json"},
+	"tail.deliver":        {"new", "all", "last", "since", "sequence"},
+}
+
 // TailSettings are the keys of `student-bridge tail`; they live in the same
 // file, under tail:.
 var TailSettings = []Setting{
@@ -272,6 +285,22 @@ func NewSnapshotLoader(fs *pflag.FlagSet) *Loader {
 	l.addFlags(fs, connectionSettings())
 	for _, s := range Settings {
 		if s.Key == "snapshot.requestSubject" {
+			l.addFlags(fs, []Setting{s})
+		}
+	}
+	return l
+}
+
+// NewReleaseLoader returns the Loader of `student-bridge release-finalizers`:
+// where the Kubernetes API is, which Students the bridge watched and its
+// leader election Lease.
+func NewReleaseLoader(fs *pflag.FlagSet) *Loader {
+	l := newLoader()
+	l.validate = (*Config).validateRelease
+	for _, s := range Settings {
+		switch {
+		case s.Key == "kubeconfig", s.Key == "master", s.Key == "namespaces", s.Key == "labelSelector",
+			strings.HasPrefix(s.Key, "leaderElection."):
 			l.addFlags(fs, []Setting{s})
 		}
 	}
@@ -502,6 +531,22 @@ func (c *Config) Validate() error {
 		if _, _, err := net.SplitHostPort(addr.val); err != nil {
 			return bad(addr.key, "%q is not host:port: %v", addr.val, err)
 		}
+	}
+	if c.Kubeconfig != "" {
+		if _, err := os.Stat(c.Kubeconfig); err != nil {
+			return bad("kubeconfig", "%v", err)
+		}
+	}
+	return nil
+}
+
+// validateRelease checks the keys `student-bridge release-finalizers` uses.
+func (c *Config) validateRelease() error {
+	switch {
+	case c.LeaderElection.Enabled && c.LeaderElection.ID == "":
+		return bad("leaderElection.id", "must be set when leader election is enabled")
+	case c.LeaderElection.Enabled && c.LeaderElection.RetryPeriod <= 0:
+		return bad("leaderElection.retryPeriod", "%s must be positive", c.LeaderElection.RetryPeriod)
 	}
 	if c.Kubeconfig != "" {
 		if _, err := os.Stat(c.Kubeconfig); err != nil {

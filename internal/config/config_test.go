@@ -200,3 +200,35 @@ func TestTailSettings(t *testing.T) {
 		t.Errorf("--since 1h: %v %v", since, err)
 	}
 }
+
+// TestChoicesAreWhatValidateAccepts: the choices the Helm chart's schema is
+// generated from are exactly the values the bridge accepts.
+func TestChoicesAreWhatValidateAccepts(t *testing.T) {
+	for key, choices := range config.Choices {
+		load := func() error {
+			if strings.HasPrefix(key, "tail.") {
+				_, err := config.NewTail(nil).Load("")
+				return err
+			}
+			_, err := config.New(nil).Load("")
+			return err
+		}
+		for _, c := range choices {
+			t.Setenv(config.EnvName(key), c)
+			if key == "tail.deliver" && c == "since" {
+				t.Setenv(config.EnvName("tail.since"), "1h")
+			}
+			if key == "tail.deliver" && c == "sequence" {
+				t.Setenv(config.EnvName("tail.fromSequence"), "1")
+			}
+			if err := load(); err != nil {
+				t.Errorf("%s=%s is a choice but is refused: %v", key, c, err)
+			}
+		}
+		t.Setenv(config.EnvName(key), "bogus")
+		if err := load(); err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s=bogus: %v, want an error naming the key", key, err)
+		}
+		t.Setenv(config.EnvName(key), choices[0])
+	}
+}

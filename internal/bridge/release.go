@@ -1,0 +1,173 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/config"
+)
+
+// leaseNamespace is where the leader election Lease lives: the configured
+// namespace, else the pod's own in-cluster, else "default".
+func leaseNamespace(cfg *config.Config) string {
+	if cfg.LeaderElection.Namespace != "" {
+		return cfg.LeaderElection.Namespace
+	}
+	if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil {
+		return strings.TrimSpace(string(b))
+	}
+	return "default"
+}
+
+// ReleaseFinalizers is what uninstalling the bridge needs: once no bridge
+// leads any more (the leader election Lease is free, waited for up to
+// wait), it removes the bridge's finalizer from every Student in the
+// configured scope, so that none is left undeletable, and deletes the free
+// Lease. It returns how many Students it released.
+//
+// A Student deleted after this is not lost for consumers: a bridge
+// installed again publishes its deletion from its record, with the last
+// state it published.
+func ReleaseFinalizers(ctx context.Context, cfg *config.Config, restCfg *rest.Config, wait time.Duration) (int, error) {
+	log := ctrl.Log.WithName("release-finalizers")
+	c, err := client.New(restCfg, client.Options{Scheme: Scheme()})
+	if err != nil {
+		return 0, err
+	}
+	var lease *coordinationv1.Lease
+	if cfg.LeaderElection.Enabled {
+		key := types.NamespacedName{Namespace: leaseNamespace(cfg), Name: cfg.LeaderElection.ID}
+		if lease, err = waitForFreeLease(ctx, c, key, wait, cfg.LeaderElection.RetryPeriod); err != nil {
+			return 0, err
+		}
+	}
+	selector := labels.Everything()
+	if cfg.LabelSelector != "" {
+		if selector, err = labels.Parse(cfg.LabelSelector); err != nil {
+			return 0, fmt.Errorf("config key labelSelector: %w", err)
+		}
+	}
+	namespaces := cfg.Namespaces
+	if len(namespaces) == 0 {
+		namespaces = []string{""}
+	}
+	released := 0
+	for _, ns := range namespaces {
+		n, err := releaseNamespace(ctx, c, ns, selector)
+		released += n
+		if err != nil {
+			return released, err
+		}
+	}
+	if lease != nil {
+		// Conditional on the resourceVersion read as free: a bridge that
+		// took the Lease since keeps it.
+		err := c.Delete(ctx, lease, client.Preconditions{ResourceVersion: &lease.ResourceVersion})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return released, fmt.Errorf("delete Lease %s/%s: %w", lease.Namespace, lease.Name, err)
+		}
+	}
+	log.Info("released Students", "count", released)
+	return released, nil
+}
+
+// waitForFreeLease returns the Lease once nobody holds it (nil if there is
+// none): no holder, or a holder that has not renewed it for its duration.
+func waitForFreeLease(ctx context.Context, c client.Client, key types.NamespacedName, wait, poll time.Duration) (*coordinationv1.Lease, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		var lease coordinationv1.Lease
+		err := c.Get(ctx, key, &lease)
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read Lease %s: %w", key, err)
+		}
+		holder := ""
+		if lease.Spec.HolderIdentity != nil {
+			holder = *lease.Spec.HolderIdentity
+		}
+		if holder == "" || leaseExpired(&lease, time.Now()) {
+			return &lease, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("a bridge still leads: Lease %s is held by %q; stop every bridge replica first (it would add its finalizer again)", key, holder)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(poll):
+		}
+	}
+}
+
+func leaseExpired(l *coordinationv1.Lease, now time.Time) bool {
+	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+		return true
+	}
+	return now.After(l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second))
+}
+
+// releaseNamespace removes the finalizer from the Students of ns ("" is
+// every namespace) that match selector, a page at a time.
+func releaseNamespace(ctx context.Context, c client.Client, ns string, selector labels.Selector) (int, error) {
+	released := 0
+	cont := ""
+	for {
+		var list studentv1.StudentList
+		if err := c.List(ctx, &list, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: selector}, client.Limit(500), client.Continue(cont)); err != nil {
+			return released, fmt.Errorf("list Students: %w", err)
+		}
+		for i := range list.Items {
+			stu := &list.Items[i]
+			if !controllerutil.ContainsFinalizer(stu, studentv1.Finalizer) {
+				continue
+			}
+			if err := removeFinalizer(ctx, c, stu); err != nil {
+				return released, fmt.Errorf("remove the finalizer of %s/%s: %w", stu.Namespace, stu.Name, err)
+			}
+			released++
+		}
+		if cont = list.Continue; cont == "" {
+			return released, nil
+		}
+	}
+}
+
+func removeFinalizer(ctx context.Context, c client.Client, stu *studentv1.Student) error {
+	var err error
+	for range 10 {
+		orig := stu.DeepCopy()
+		if !controllerutil.RemoveFinalizer(stu, studentv1.Finalizer) {
+			return nil
+		}
+		err = c.Patch(ctx, stu, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+		if err := c.Get(ctx, client.ObjectKeyFromObject(stu), stu); err != nil {
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			return err
+		}
+	}
+	return err
+}
