@@ -49,6 +49,12 @@ func render(t *testing.T, overlay string) []*unstructured.Unstructured {
 	if err != nil {
 		t.Fatalf("kubectl kustomize deploy/%s: %v\n%s", overlay, err, stderr.String())
 	}
+	return decodeObjects(t, out)
+}
+
+// decodeObjects decodes a stream of YAML documents.
+func decodeObjects(t *testing.T, out []byte) []*unstructured.Unstructured {
+	t.Helper()
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
 	var objs []*unstructured.Unstructured
 	for {

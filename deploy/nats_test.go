@@ -3,10 +3,13 @@ package deploy_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/bridge"
@@ -25,9 +29,9 @@ import (
 	"github.com/student-bridge/student-bridge/internal/tail"
 )
 
-// startShippedNATS runs deploy/nats/nats.conf, parsed by nats-server's own
-// loader, as a single embedded server with the passwords given.
-func startShippedNATS(t *testing.T, bridgePassword, consumerPassword string) string {
+// shippedNATSOptions parses deploy/nats/nats.conf with nats-server's own
+// loader, with the passwords given.
+func shippedNATSOptions(t *testing.T, bridgePassword, consumerPassword string) *natsserver.Options {
 	t.Helper()
 	t.Setenv("POD_NAME", "nats-0")
 	t.Setenv("BRIDGE_PASSWORD", bridgePassword)
@@ -39,6 +43,18 @@ func startShippedNATS(t *testing.T, bridgePassword, consumerPassword string) str
 	if !opts.JetStream || opts.StoreDir != "/data" || opts.ServerName != "nats-0" || len(opts.Users) != 2 {
 		t.Fatalf("nats.conf parsed to jetstream=%v store=%s name=%s users=%d", opts.JetStream, opts.StoreDir, opts.ServerName, len(opts.Users))
 	}
+	return opts
+}
+
+// startShippedNATS runs deploy/nats/nats.conf as a single embedded server.
+func startShippedNATS(t *testing.T, bridgePassword, consumerPassword string) string {
+	t.Helper()
+	return startNATS(t, shippedNATSOptions(t, bridgePassword, consumerPassword))
+}
+
+// startNATS runs a parsed server configuration as a single embedded server.
+func startNATS(t *testing.T, opts *natsserver.Options) string {
+	t.Helper()
 	// Only what a pod provides differs here: the volume and the ports.
 	opts.StoreDir = t.TempDir()
 	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
@@ -99,8 +115,14 @@ func expectViolation(t *testing.T, nc *nats.Conn, errs func() []string, subject 
 // layout, the bridge creates its stream and publishes on student.>, a
 // consumer reads the stream, and neither can publish where it must not.
 func TestShippedNATSConfig(t *testing.T) {
+	checkBridgeAndConsumer(t, startShippedNATS(t, "bridge-secret", "consumer-secret"))
+}
+
+// checkBridgeAndConsumer runs the bridge as user bridge (password
+// bridge-secret) against url and checks what it and user consumer
+// (consumer-secret) may and may not do.
+func checkBridgeAndConsumer(t *testing.T, url string) {
 	ctx := context.Background()
-	url := startShippedNATS(t, "bridge-secret", "consumer-secret")
 
 	// The bridge, configured as the Deployment configures it: user bridge,
 	// password from a mounted file.
@@ -205,4 +227,86 @@ func recordStore(t *testing.T, url string) jetstream.KeyValue {
 		t.Fatal(err)
 	}
 	return kv
+}
+
+// natsChartConfig renders the merge block of deploy/helm/nats-values.yaml
+// into a nats.conf as the official NATS chart does (nats.formatConfig: the
+// block as JSON, "<< x >>" strings written raw), parses it with
+// nats-server's own loader and starts it with JetStream.
+func natsChartConfig(t *testing.T, bridgePassword, consumerPassword string) *natsserver.Options {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(stack.RepoRoot(), "deploy", "helm", "nats-values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var values struct {
+		Config struct {
+			Merge     map[string]any `json:"merge"`
+			JetStream struct {
+				Enabled bool `json:"enabled"`
+			} `json:"jetstream"`
+			Cluster struct {
+				Enabled  bool `json:"enabled"`
+				Replicas int  `json:"replicas"`
+			} `json:"cluster"`
+		} `json:"config"`
+		Container struct {
+			Env map[string]corev1.EnvVar `json:"env"`
+		} `json:"container"`
+	}
+	if err := yaml.Unmarshal(b, &values); err != nil {
+		t.Fatal(err)
+	}
+	if !values.Config.JetStream.Enabled || !values.Config.Cluster.Enabled || values.Config.Cluster.Replicas != 3 {
+		t.Errorf("nats-values.yaml: want a 3-node JetStream cluster, got %+v", values.Config)
+	}
+	for env, key := range map[string]string{"BRIDGE_PASSWORD": "bridge-password", "CONSUMER_PASSWORD": "consumer-password"} {
+		ref := values.Container.Env[env].ValueFrom
+		if ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != "student-bridge-nats" || ref.SecretKeyRef.Key != key {
+			t.Errorf("nats-values.yaml: container.env.%s does not come from Secret student-bridge-nats key %s", env, key)
+		}
+	}
+	// toPrettyRawJson: indented, '<', '>' and '&' not escaped.
+	var js bytes.Buffer
+	enc := json.NewEncoder(&js)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(values.Config.Merge); err != nil {
+		t.Fatal(err)
+	}
+	conf := regexp.MustCompile(`"<<\s+(.*?)\s+>>"`).ReplaceAllString(js.String(), "${1}")
+	file := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("BRIDGE_PASSWORD", bridgePassword)
+	t.Setenv("CONSUMER_PASSWORD", consumerPassword)
+	opts, err := natsserver.ProcessConfigFile(file)
+	if err != nil {
+		t.Fatalf("the merge block of nats-values.yaml does not parse:\n%s\n%v", conf, err)
+	}
+	opts.JetStream = true
+	return opts
+}
+
+// TestNATSChartValues: the users deploy/helm/nats-values.yaml gives the
+// official NATS chart have exactly the permissions deploy/nats grants, and
+// the bridge and a consumer work with them.
+func TestNATSChartValues(t *testing.T) {
+	chart := natsChartConfig(t, "bridge-secret", "consumer-secret")
+	shipped := shippedNATSOptions(t, "bridge-secret", "consumer-secret")
+	perms := func(opts *natsserver.Options) map[string]*natsserver.Permissions {
+		out := map[string]*natsserver.Permissions{}
+		for _, u := range opts.Users {
+			out[u.Username] = u.Permissions
+		}
+		return out
+	}
+	c, s := perms(chart), perms(shipped)
+	if len(c) != 2 || !reflect.DeepEqual(c, s) {
+		cj, _ := json.Marshal(c)
+		sj, _ := json.Marshal(s)
+		t.Errorf("the NATS chart's users differ from deploy/nats:\nchart  %s\nnats.conf %s", cj, sj)
+	}
+	checkBridgeAndConsumer(t, startNATS(t, chart))
 }
