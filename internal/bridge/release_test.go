@@ -1,0 +1,95 @@
+package bridge_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/bridge"
+	"github.com/student-bridge/student-bridge/internal/config"
+)
+
+// TestReleaseFinalizersWaitsForTheLeader: while a bridge holds the Lease,
+// release-finalizers touches no Student and says who leads; once the Lease
+// expired it releases the Students in scope (and only those) and deletes
+// the Lease.
+func TestReleaseFinalizersWaitsForTheLeader(t *testing.T) {
+	ctx := context.Background()
+	ns, other := newNamespace(t), newNamespace(t)
+	cfg, err := config.New(nil).Load("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Namespaces = []string{ns}
+	cfg.LabelSelector = "team=blue"
+	cfg.LeaderElection.Namespace = ns
+	cfg.LeaderElection.RetryPeriod = 100 * time.Millisecond
+
+	held := func(namespace, name string, lbls map[string]string) *studentv1.Student {
+		s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, Labels: lbls, Finalizers: []string{studentv1.Finalizer}},
+			Spec: studentv1.StudentSpec{Name: name, School: "china"}}
+		if err := st.Client.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	blue := held(ns, "blue", map[string]string{"team": "blue"})
+	deleting := held(ns, "deleting", map[string]string{"team": "blue"})
+	red := held(ns, "red", map[string]string{"team": "red"})
+	elsewhere := held(other, "blue", map[string]string{"team": "blue"})
+	if err := st.Client.Delete(ctx, deleting); err != nil {
+		t.Fatal(err)
+	}
+
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cfg.LeaderElection.ID}, Spec: coordinationv1.LeaseSpec{
+		HolderIdentity: ptr.To("bridge-0"), LeaseDurationSeconds: ptr.To[int32](15), RenewTime: &metav1.MicroTime{Time: time.Now()},
+	}}
+	if err := st.Client.Create(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bridge.ReleaseFinalizers(ctx, cfg, st.RestConfig, time.Second); err == nil || !strings.Contains(err.Error(), `held by "bridge-0"`) {
+		t.Fatalf("with the Lease held: %v, want an error naming the holder", err)
+	}
+	hasFinalizer := func(s *studentv1.Student) bool {
+		var live studentv1.Student
+		if err := st.Client.Get(ctx, client.ObjectKeyFromObject(s), &live); err != nil {
+			return false
+		}
+		return controllerutil.ContainsFinalizer(&live, studentv1.Finalizer)
+	}
+	if !hasFinalizer(blue) || !hasFinalizer(deleting) {
+		t.Fatal("a finalizer was removed while a bridge still leads")
+	}
+
+	// The holder stopped renewing 20 s ago: the Lease is free.
+	lease.Spec.RenewTime = &metav1.MicroTime{Time: time.Now().Add(-20 * time.Second)}
+	if err := st.Client.Update(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	n, err := bridge.ReleaseFinalizers(ctx, cfg, st.RestConfig, time.Second)
+	if err != nil || n != 2 {
+		t.Fatalf("with the Lease expired: released %d, %v; want 2", n, err)
+	}
+	if hasFinalizer(blue) || !hasFinalizer(red) || !hasFinalizer(elsewhere) {
+		t.Errorf("finalizers after release: in scope %v, other label %v, other namespace %v; want false, true, true", hasFinalizer(blue), hasFinalizer(red), hasFinalizer(elsewhere))
+	}
+	if err := st.Client.Get(ctx, client.ObjectKeyFromObject(deleting), &studentv1.Student{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the Student being deleted is still held (%v)", err)
+	}
+	if err := st.Client.Get(ctx, client.ObjectKeyFromObject(lease), &coordinationv1.Lease{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the free Lease was not deleted (%v)", err)
+	}
+	for _, s := range []*studentv1.Student{red, elsewhere} {
+		controllerutil.RemoveFinalizer(s, studentv1.Finalizer)
+		_ = st.Client.Update(ctx, s)
+	}
+}
