@@ -63,7 +63,7 @@ func helmTemplate(t *testing.T, ns string, args ...string) []*unstructured.Unstr
 	return decodeObjects(t, []byte(out))
 }
 
-// adminKubeconfig writes a kubeconfig of a new user of the test API server.
+// userKubeconfig writes a kubeconfig of a new user of the test API server.
 func userKubeconfig(t *testing.T, u envtest.User) string {
 	t.Helper()
 	au, err := st.Env.AddUser(u, nil)
@@ -84,8 +84,7 @@ func userKubeconfig(t *testing.T, u envtest.User) string {
 // TestChartLints: helm lint --strict passes with the default values and with
 // values that change every optional part.
 func TestChartLints(t *testing.T) {
-	nonDefault := filepath.Join(t.TempDir(), "values.yaml")
-	if err := os.WriteFile(nonDefault, []byte(`
+	nonDefault := writeValues(t, `
 replicaCount: 1
 config:
   workers: 4
@@ -117,9 +116,7 @@ serviceMonitor:
 podDisruptionBudget:
   enabled: false
 releaseFinalizersOnUninstall: false
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+`)
 	for name, args := range map[string][]string{"default values": nil, "non-default values": {"-f", nonDefault}} {
 		if out, err := helm(t, "", append([]string{"lint", "--strict", chartDir}, args...)...); err != nil {
 			t.Errorf("helm lint --strict with %s: %v\n%s", name, err, out)

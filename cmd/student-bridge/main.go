@@ -92,11 +92,7 @@ its environment variable are listed in configs/student-bridge.yaml.`,
 	setupLog := addLogFlags(cmd.PersistentFlags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		setupLog(false)
-		cfg, err := loader.Load(configFile)
-		if err != nil {
-			return err
-		}
-		restCfg, err := restConfig(cfg)
+		cfg, restCfg, err := loadWithKube(loader, configFile)
 		if err != nil {
 			return err
 		}
@@ -109,6 +105,20 @@ its environment variable are listed in configs/student-bridge.yaml.`,
 		cmd.AddCommand(dev)
 	}
 	return cmd
+}
+
+// loadWithKube loads the configuration and the Kubernetes client
+// configuration it names.
+func loadWithKube(loader *config.Loader, file string) (*config.Config, *rest.Config, error) {
+	cfg, err := loader.Load(file)
+	if err != nil {
+		return nil, nil, err
+	}
+	restCfg, err := restConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return cfg, restCfg, nil
 }
 
 // restConfig keeps the tutorial's --kubeconfig and --master flags; without

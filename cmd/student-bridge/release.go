@@ -34,11 +34,7 @@ the next bridge, from its record store, with the last state it published.`,
 	loader := config.NewReleaseLoader(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		setupLog(true)
-		cfg, err := loader.Load(*configFile)
-		if err != nil {
-			return err
-		}
-		restCfg, err := restConfig(cfg)
+		cfg, restCfg, err := loadWithKube(loader, *configFile)
 		if err != nil {
 			return err
 		}
