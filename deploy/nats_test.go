@@ -179,7 +179,7 @@ func checkBridgeAndConsumer(t *testing.T, url string) {
 
 	// The record store works with the shipped permissions: the record is
 	// written, and removed once the Student's deletion is published.
-	bridgeKV := recordStore(t, url)
+	bridgeKV := bridgeBucket(t, url, "STUDENT_BRIDGE_PUBLISHED")
 	if err := stack.Eventually(30*time.Second, func() error {
 		_, err := bridgeKV.Get(ctx, string(stu.UID))
 		return err
@@ -198,6 +198,10 @@ func checkBridgeAndConsumer(t *testing.T, url string) {
 		t.Fatal(err)
 	}
 
+	// The receipts bucket is created and watched with the shipped
+	// permissions.
+	bridgeBucket(t, url, "STUDENT_BRIDGE_RECEIPTS")
+
 	expectViolation(t, consumer, consumerErrs, "student.created")
 	bridgeConn, bridgeErrs := connectAs(t, url, "bridge", "bridge-secret")
 	expectViolation(t, bridgeConn, bridgeErrs, "billing.invoice")
@@ -207,8 +211,9 @@ func checkBridgeAndConsumer(t *testing.T, url string) {
 	}
 }
 
-// recordStore opens the bridge's record store as the bridge's own user.
-func recordStore(t *testing.T, url string) jetstream.KeyValue {
+// bridgeBucket opens a bucket of the bridge (once it exists) as the
+// bridge's own user.
+func bridgeBucket(t *testing.T, url, bucket string) jetstream.KeyValue {
 	t.Helper()
 	nc, err := nats.Connect(url, nats.UserInfo("bridge", "bridge-secret"))
 	if err != nil {
@@ -221,7 +226,7 @@ func recordStore(t *testing.T, url string) jetstream.KeyValue {
 	}
 	var kv jetstream.KeyValue
 	if err := stack.Eventually(30*time.Second, func() error {
-		kv, err = js.KeyValue(context.Background(), "STUDENT_BRIDGE_PUBLISHED")
+		kv, err = js.KeyValue(context.Background(), bucket)
 		return err
 	}); err != nil {
 		t.Fatal(err)

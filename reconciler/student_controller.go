@@ -62,6 +62,8 @@ type StudentReconciler struct {
 	Recorder events.EventRecorder
 	// Status writes the status view; nil writes none.
 	Status *StatusWriter
+	// Receipts is what services reported; nil when receipts are off.
+	Receipts *Receipts
 	// Cluster names the cluster in the CloudEvent source.
 	Cluster string
 	// Now returns the current time; time.Now when nil.
@@ -167,7 +169,7 @@ func (r *StudentReconciler) reconcileDelete(ctx context.Context, stu *studentv1.
 	// The record says "deleted" until here, so a retry of the finalizer
 	// removal publishes nothing again. Should this delete fail, the next
 	// catch-up finds a deleted record without its Student and removes it.
-	return r.Records.Remove(ctx, stu.UID)
+	return r.removeRecord(ctx, stu.UID)
 }
 
 // reconcileGone handles the records of a name the cache has no Student
@@ -200,7 +202,7 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 		case exists:
 			errs = append(errs, r.leaveScope(ctx, &live, rec))
 		case rec.Published.Type == studentv1.EventTypeDeleted:
-			errs = append(errs, r.Records.Remove(ctx, types.UID(rec.UID)))
+			errs = append(errs, r.removeRecord(ctx, types.UID(rec.UID)))
 		default:
 			errs = append(errs, r.publishGone(ctx, key, rec))
 		}
@@ -225,7 +227,7 @@ func (r *StudentReconciler) publishGone(ctx context.Context, key types.Namespace
 		return err
 	}
 	log.FromContext(ctx).Info("Student gone without its finalizer; published its deletion", "uid", rec.UID)
-	return r.Records.Remove(ctx, types.UID(rec.UID))
+	return r.removeRecord(ctx, types.UID(rec.UID))
 }
 
 // leaveScope publishes a Student that left the watched scope as deleted
@@ -252,7 +254,7 @@ func (r *StudentReconciler) reconcileReplaced(ctx context.Context, stu *studentv
 			continue
 		}
 		if rec.Published.Type == studentv1.EventTypeDeleted {
-			if err := r.Records.Remove(ctx, types.UID(rec.UID)); err != nil {
+			if err := r.removeRecord(ctx, types.UID(rec.UID)); err != nil {
 				return err
 			}
 			continue
@@ -407,7 +409,19 @@ func (r *StudentReconciler) View(stu *studentv1.Student) studentv1.StudentStatus
 	if v, ok := r.failures.Load(client.ObjectKeyFromObject(stu)); ok {
 		failure = v.(error)
 	}
-	return StatusView(stu, lastPublished(r.Records.Get(stu.UID)), failure)
+	last := lastPublished(r.Records.Get(stu.UID))
+	s := StatusView(stu, last, failure)
+	r.Receipts.ApplyTo(&s, string(stu.UID), last)
+	return s
+}
+
+// removeRecord removes the record of a Student that is gone, and the
+// receipts services wrote about it.
+func (r *StudentReconciler) removeRecord(ctx context.Context, uid types.UID) error {
+	if err := r.Records.Remove(ctx, uid); err != nil {
+		return err
+	}
+	return r.Receipts.Forget(ctx, string(uid))
 }
 
 func publishedCondition(stu *studentv1.Student, last *studentv1.PublishedEvent, pubErr error) metav1.Condition {

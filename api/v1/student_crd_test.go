@@ -181,15 +181,19 @@ func TestShortNameAndColumns(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Client.Delete(ctx, s) })
+	s.Status.ServicesInSync = "1/2"
+	if err := st.Client.Status().Update(ctx, s); err != nil {
+		t.Fatal(err)
+	}
 	out := kubectl(t, "get", "stu", "-n", "default", "columns")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) != 2 {
 		t.Fatalf("kubectl get stu printed %q", out)
 	}
-	if got := strings.Fields(lines[0]); strings.Join(got, " ") != "NAME STUDENT SCHOOL PUBLISHED AGE" {
+	if got := strings.Fields(lines[0]); strings.Join(got, " ") != "NAME STUDENT SCHOOL PUBLISHED IN-SYNC AGE" {
 		t.Errorf("columns %v", got)
 	}
-	if got := strings.Fields(lines[1]); len(got) < 4 || got[0] != "columns" || got[1] != "wang" || got[2] != "china" {
+	if got := strings.Fields(lines[1]); len(got) < 5 || got[0] != "columns" || got[1] != "wang" || got[2] != "china" || got[len(got)-2] != "1/2" {
 		t.Errorf("row %v", got)
 	}
 }

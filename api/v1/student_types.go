@@ -63,11 +63,24 @@ type StudentStatus struct {
 	// +optional
 	LastPublished *PublishedEvent `json:"lastPublished,omitempty"`
 
-	// conditions describe the Student's publishing state; see ConditionPublished.
+	// conditions describe the Student's publishing state and whether the
+	// services applied it; see ConditionPublished and ConditionInSync.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// services is what each reporting service applied (from its receipts).
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=64
+	Services []ServiceStatus `json:"services,omitempty"`
+
+	// servicesInSync counts the expected services that applied the latest
+	// change, e.g. "1/2"; empty when no service is expected or reporting.
+	// +optional
+	ServicesInSync string `json:"servicesInSync,omitempty"`
 }
 
 // +kubebuilder:object:root=true
@@ -77,6 +90,7 @@ type StudentStatus struct {
 // +kubebuilder:printcolumn:name="Student",type=string,JSONPath=`.spec.name`
 // +kubebuilder:printcolumn:name="School",type=string,JSONPath=`.spec.school`
 // +kubebuilder:printcolumn:name="Published",type=string,JSONPath=`.status.conditions[?(@.type=="Published")].status`
+// +kubebuilder:printcolumn:name="In-Sync",type=string,JSONPath=`.status.servicesInSync`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 
 // Student is a student at a school. Every change to a Student is published as

@@ -95,6 +95,12 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	if err := mgr.Add(&recordLoader{nc: nc, cfg: cfg, selector: selector, mgr: mgr, r: r, log: log.WithName("records")}); err != nil {
 		return err
 	}
+	if cfg.Receipts.Bucket != "" {
+		r.Receipts = reconciler.NewReceipts(cfg.Services.Expected, nil)
+		if err := mgr.Add(&receiptWatch{nc: nc, cfg: cfg, mgr: mgr, r: r, log: log.WithName("receipts")}); err != nil {
+			return err
+		}
+	}
 	if err := addSnapshots(mgr, cfg, nc, pub, log); err != nil {
 		return err
 	}

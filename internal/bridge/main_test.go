@@ -67,6 +67,7 @@ func testConfig(t *testing.T, ns, prefix string) *config.Config {
 	cfg.NATS.SubjectPrefix = prefix
 	cfg.NATS.Stream.Name = "S_" + prefix
 	cfg.State.Bucket = "R_" + prefix
+	cfg.Receipts.Bucket = "RC_" + prefix
 	cfg.NATS.ReconnectWait = 100 * time.Millisecond
 	cfg.NATS.AckTimeout = 2 * time.Second
 	cfg.LeaderElection.Enabled = false
@@ -78,11 +79,11 @@ func testConfig(t *testing.T, ns, prefix string) *config.Config {
 	// The stream and the record store outlive the bridge on the shared
 	// server: remove them, so a second round of the tests (-count=2) starts
 	// from nothing.
-	t.Cleanup(func() { deleteStreamAndBucket(t, cfg.NATS.Stream.Name, cfg.State.Bucket) })
+	t.Cleanup(func() { deleteStreamAndBucket(t, cfg.NATS.Stream.Name, cfg.State.Bucket, cfg.Receipts.Bucket) })
 	return cfg
 }
 
-func deleteStreamAndBucket(t *testing.T, stream, bucket string) {
+func deleteStreamAndBucket(t *testing.T, stream string, buckets ...string) {
 	t.Helper()
 	nc, err := nats.Connect(st.NATS.URL())
 	if err != nil {
@@ -96,8 +97,10 @@ func deleteStreamAndBucket(t *testing.T, stream, bucket string) {
 	if err := js.DeleteStream(context.Background(), stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Errorf("delete stream %s: %v", stream, err)
 	}
-	if err := js.DeleteKeyValue(context.Background(), bucket); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
-		t.Errorf("delete bucket %s: %v", bucket, err)
+	for _, bucket := range buckets {
+		if err := js.DeleteKeyValue(context.Background(), bucket); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+			t.Errorf("delete bucket %s: %v", bucket, err)
+		}
 	}
 }
 

@@ -14,6 +14,8 @@ import (
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 )
 
 // EnvPrefix prefixes every environment variable: nats.urls is read from
@@ -40,6 +42,8 @@ type Config struct {
 	NATS                NATS           `mapstructure:"nats"`
 	ShutdownTimeout     time.Duration  `mapstructure:"shutdownTimeout"`
 	Snapshot            Snapshot       `mapstructure:"snapshot"`
+	Receipts            Receipts       `mapstructure:"receipts"`
+	Services            Services       `mapstructure:"services"`
 	State               State          `mapstructure:"state"`
 	Deletes             Deletes        `mapstructure:"deletes"`
 	Status              Status         `mapstructure:"status"`
@@ -64,6 +68,18 @@ type Deletes struct {
 type Status struct {
 	Enabled bool    `mapstructure:"enabled"`
 	QPS     float64 `mapstructure:"qps"`
+}
+
+// Receipts configures the bucket where services report what they applied.
+type Receipts struct {
+	Bucket string `mapstructure:"bucket"`
+	Create bool   `mapstructure:"create"`
+}
+
+// Services configures which business services must report before a
+// Student shows InSync.
+type Services struct {
+	Expected []string `mapstructure:"expected"`
 }
 
 // Snapshot configures bridge-side replay: snapshot events of every current
@@ -221,6 +237,9 @@ var Settings = []Setting{
 	{"status.qps", "status-qps", float64(10), "Most status writes per second; writes are coalesced per Student and wait while changes are waiting. Failures are written first."},
 	{"snapshot.onStartup", "snapshot-on-startup", false, "Publish a snapshot event (student.snapshot) of every Student when the bridge becomes leader."},
 	{"snapshot.requestSubject", "snapshot-request-subject", "student-bridge.snapshot", "NATS subject on which the leader answers snapshot requests; empty disables them. Must not be under the stream's subjects."},
+	{"receipts.bucket", "receipts-bucket", "STUDENT_BRIDGE_RECEIPTS", "JetStream key-value bucket where services report what they applied (key <service>.<uid>); shown on the Student's status. Empty disables receipts."},
+	{"receipts.create", "receipts-create", true, "Create the receipts bucket if it is missing (like the record store: state.storage, state.replicas). An existing bucket is never changed."},
+	{"services.expected", "expected-services", []string{}, "Services that must report a change applied before the Student shows InSync, comma separated. Receipts of other services are shown but not required."},
 }
 
 // Choices lists the values a string key accepts, where they are few. The
@@ -416,6 +435,7 @@ func (l *Loader) Load(file string) (*Config, error) {
 	}
 	c.Namespaces = trimAll(c.Namespaces)
 	c.Tail.Subjects = trimAll(c.Tail.Subjects)
+	c.Services.Expected = trimAll(c.Services.Expected)
 	if err := l.validate(&c); err != nil {
 		return nil, err
 	}
@@ -519,10 +539,21 @@ func (c *Config) Validate() error {
 		return bad("state.replicas", "%d: want 1 to 5", c.State.Replicas)
 	case c.Status.Enabled && c.Status.QPS <= 0:
 		return bad("status.qps", "%v must be positive (or set status.enabled to false)", c.Status.QPS)
+	case c.Receipts.Bucket != "" && strings.Trim(c.Receipts.Bucket, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") != "":
+		return bad("receipts.bucket", "%q must be only letters, digits, '_' and '-'", c.Receipts.Bucket)
+	case c.Receipts.Bucket != "" && c.Receipts.Bucket == c.State.Bucket:
+		return bad("receipts.bucket", "%q is the record store's bucket (state.bucket)", c.Receipts.Bucket)
+	case len(c.Services.Expected) > 0 && c.Receipts.Bucket == "":
+		return bad("services.expected", "needs receipts.bucket")
 	case strings.ContainsAny(c.Snapshot.RequestSubject, " \t*>"):
 		return bad("snapshot.requestSubject", "%q must be a literal subject", c.Snapshot.RequestSubject)
 	case c.Snapshot.RequestSubject != "" && strings.HasPrefix(c.Snapshot.RequestSubject, c.NATS.SubjectPrefix+"."):
 		return bad("snapshot.requestSubject", "%q is under the stream's subjects %s.>; requests would be stored as events", c.Snapshot.RequestSubject, c.NATS.SubjectPrefix)
+	}
+	for _, svc := range c.Services.Expected {
+		if !studentv1.ValidServiceName(svc) {
+			return bad("services.expected", "%q is not a service name (letters, digits, '-', '_', up to 63)", svc)
+		}
 	}
 	for _, addr := range []struct{ key, val string }{{"metricsAddr", c.MetricsAddr}, {"healthAddr", c.HealthAddr}, {"pprofAddr", c.PprofAddr}} {
 		if addr.val == "0" || (addr.key == "pprofAddr" && addr.val == "") {

@@ -20,6 +20,8 @@ type BucketConfig struct {
 	Storage string
 	// Replicas is the number of replicas (1 for a single server).
 	Replicas int
+	// Description of a created bucket; default: the record store's.
+	Description string
 	// Timeout bounds one read or write when the caller's context has no
 	// earlier deadline. Default 5s.
 	Timeout time.Duration
@@ -55,9 +57,12 @@ func EnsureBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create b
 		if cfg.Storage == "memory" {
 			storage = jetstream.MemoryStorage
 		}
+		if cfg.Description == "" {
+			cfg.Description = "What student-bridge published per Student uid"
+		}
 		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
 			Bucket:      cfg.Name,
-			Description: "What student-bridge published per Student uid",
+			Description: cfg.Description,
 			History:     1,
 			Storage:     storage,
 			Replicas:    cfg.Replicas,
@@ -111,6 +116,36 @@ func (s *KV) Load(ctx context.Context) ([]sink.Record, error) {
 				return out, nil
 			}
 			out = append(out, sink.Record{Key: e.Key(), Value: e.Value(), Revision: e.Revision()})
+		}
+	}
+}
+
+// Watch calls apply with every key of the bucket, then synced once, then
+// apply with every change (deleted for a removed key) until ctx is done.
+// It returns nil when ctx is done, an error when the watch ends otherwise.
+func (s *KV) Watch(ctx context.Context, apply func(rec sink.Record, deleted bool), synced func()) error {
+	w, err := s.kv.WatchAll(ctx)
+	if err != nil {
+		return s.classify("watch", err)
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return s.classify("watch", sink.ErrClosed)
+			}
+			if e == nil {
+				synced()
+				continue
+			}
+			deleted := e.Operation() != jetstream.KeyValuePut
+			apply(sink.Record{Key: e.Key(), Value: e.Value(), Revision: e.Revision()}, deleted)
 		}
 	}
 }

@@ -1,0 +1,472 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/consumer"
+	"github.com/student-bridge/student-bridge/internal/bridge"
+	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/stack"
+)
+
+var st *stack.Stack
+
+func TestMain(m *testing.M) {
+	os.Exit(stack.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
+}
+
+// world is a namespace watched by a bridge of its own, with its own stream
+// and buckets on the shared NATS server.
+type world struct {
+	ns       string
+	cfg      *config.Config
+	nc       *nats.Conn
+	stopOnce func()
+}
+
+func newWorld(t *testing.T, prefix string, expected ...string) *world {
+	t.Helper()
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
+	if err := st.Client.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.New(nil).Load("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Namespaces = []string{ns.Name}
+	cfg.NATS.URLs = st.NATS.URL()
+	cfg.NATS.SubjectPrefix = prefix
+	cfg.NATS.Stream.Name = "S_" + prefix
+	cfg.State.Bucket = "R_" + prefix
+	cfg.Receipts.Bucket = "RC_" + prefix
+	cfg.Services.Expected = expected
+	cfg.LeaderElection.Enabled = false
+	cfg.MetricsAddr, cfg.HealthAddr = "0", "0"
+	cfg.Retry.BaseDelay, cfg.Retry.MaxDelay = 50*time.Millisecond, 500*time.Millisecond
+	cfg.KubeAPIQPS, cfg.KubeAPIBurst = 1000, 2000
+	nc, err := nats.Connect(st.NATS.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- bridge.Run(runCtx, cfg, st.RestConfig) }()
+	w := &world{ns: ns.Name, cfg: cfg, nc: nc}
+	var once sync.Once
+	w.stopOnce = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("bridge: %v", err)
+			}
+		})
+	}
+	t.Cleanup(func() {
+		w.stopOnce()
+		js, _ := jetstream.New(nc)
+		_ = js.DeleteStream(ctx, cfg.NATS.Stream.Name)
+		for _, b := range []string{cfg.State.Bucket, cfg.Receipts.Bucket} {
+			_ = js.DeleteKeyValue(ctx, b)
+		}
+	})
+	if err := stack.Eventually(30*time.Second, func() error {
+		js, _ := jetstream.New(nc)
+		_, err := js.KeyValue(ctx, cfg.Receipts.Bucket)
+		return err
+	}); err != nil {
+		t.Fatalf("the bridge created no receipts bucket: %v", err)
+	}
+	return w
+}
+
+// mirror starts a Mirror of service with handler; stop cancels it and
+// waits for Run to return.
+func (w *world) mirror(t *testing.T, service string, handler consumer.Handler) (*consumer.Mirror, func()) {
+	t.Helper()
+	m, err := consumer.NewMirror(w.nc, consumer.MirrorOptions{
+		Service: service, Handler: handler, Stream: w.cfg.NATS.Stream.Name, Subjects: w.cfg.NATS.SubjectPrefix + ".>",
+		ReceiptsBucket: w.cfg.Receipts.Bucket, RetryBaseDelay: 100 * time.Millisecond, RetryMaxDelay: time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("mirror %s: %v", service, err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return m, stop
+}
+
+// recorder is a handler that remembers every change it was given.
+type recorder struct {
+	mu      sync.Mutex
+	changes []consumer.Change
+	fail    func(consumer.Change) error
+}
+
+func (r *recorder) handle(_ context.Context, c consumer.Change) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.changes = append(r.changes, c)
+	if r.fail != nil {
+		return r.fail(c)
+	}
+	return nil
+}
+
+func (r *recorder) take() []consumer.Change {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.changes
+	r.changes = nil
+	return out
+}
+
+// apiState is what the API server holds in ns: uid -> "name=school".
+func apiState(t *testing.T, ns string) map[string]string {
+	t.Helper()
+	var list studentv1.StudentList
+	if err := st.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, s := range list.Items {
+		if s.DeletionTimestamp.IsZero() {
+			out[string(s.UID)] = s.Name + "=" + s.Spec.School
+		}
+	}
+	return out
+}
+
+func mirrorState(m *consumer.Mirror) map[string]string {
+	out := map[string]string{}
+	for uid, d := range m.State() {
+		out[uid] = d.Name + "=" + d.Spec.School
+	}
+	return out
+}
+
+// waitSame waits until the mirror holds exactly what the API server holds.
+func waitSame(t *testing.T, ns string, m *consumer.Mirror) map[string]string {
+	t.Helper()
+	var want map[string]string
+	if err := stack.Eventually(60*time.Second, func() error {
+		want = apiState(t, ns)
+		if got := mirrorState(m); fmt.Sprint(got) != fmt.Sprint(want) {
+			return fmt.Errorf("mirror holds %d Students, the API server %d; differ: %v", len(got), len(want), diff(got, want))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return want
+}
+
+func diff(got, want map[string]string) []string {
+	var out []string
+	for k, v := range want {
+		if got[k] != v {
+			out = append(out, fmt.Sprintf("%s: %q want %q", k, got[k], v))
+		}
+	}
+	for k, v := range got {
+		if _, ok := want[k]; !ok {
+			out = append(out, fmt.Sprintf("%s: %q not in the API server", k, v))
+		}
+	}
+	sort.Strings(out)
+	if len(out) > 5 {
+		out = append(out[:5], "...")
+	}
+	return out
+}
+
+func create(t *testing.T, ns, name, school string) *studentv1.Student {
+	t.Helper()
+	s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: studentv1.StudentSpec{Name: name, School: school}}
+	if err := st.Client.Create(context.Background(), s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// waitPublished waits until the stream holds n events.
+func (w *world) waitPublished(t *testing.T, n int) {
+	t.Helper()
+	if err := stack.Eventually(60*time.Second, func() error {
+		evs, err := stack.StreamEvents(context.Background(), w.nc, w.cfg.NATS.Stream.Name)
+		if err != nil {
+			return err
+		}
+		if len(evs) != n {
+			return fmt.Errorf("stream holds %d events, want %d", len(evs), n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitAcked waits until service's durable consumer acknowledged seq.
+func (w *world) waitAcked(t *testing.T, service string, seq uint64) {
+	t.Helper()
+	js, err := jetstream.New(w.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stack.Eventually(30*time.Second, func() error {
+		c, err := js.Consumer(context.Background(), w.cfg.NATS.Stream.Name, service)
+		if err != nil {
+			return err
+		}
+		info, err := c.Info(context.Background())
+		if err != nil {
+			return err
+		}
+		if info.AckFloor.Stream < seq {
+			return fmt.Errorf("%s acknowledged up to %d, want %d", service, info.AckFloor.Stream, seq)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMirrorRebuildsThenFollows: a mirror started after 100 Students were
+// created and 20 deleted ends with exactly the API server's Students,
+// handing each live Student over once and no deleted one; stopped and
+// started again, it gets the changes of its downtime, once per Student, in
+// stream order, with the state it applied before as Old.
+func TestMirrorRebuildsThenFollows(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, "mirror")
+	var all []*studentv1.Student
+	for i := range 100 {
+		all = append(all, create(t, w.ns, fmt.Sprintf("s%03d", i), "china"))
+	}
+	for _, s := range all[:20] {
+		if err := st.Client.Delete(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.waitPublished(t, 120)
+
+	rec := &recorder{}
+	m, stop := w.mirror(t, "roster", rec.handle)
+	want := waitSame(t, w.ns, m)
+	changes := rec.take()
+	if len(changes) != 80 {
+		t.Errorf("the rebuild handed over %d changes, want one per live Student (80)", len(changes))
+	}
+	for _, c := range changes {
+		if c.Old != nil || c.New == nil || want[c.UID] == "" {
+			t.Errorf("rebuild change %s/%s: Old %v, New %v", c.Namespace, c.Name, c.Old, c.New)
+		}
+	}
+
+	// Downtime: updates (one Student twice), deletes and creates.
+	w.waitAcked(t, "roster", 120)
+	stop()
+	updated := all[20:25]
+	for _, s := range updated {
+		s := getFresh(t, s)
+		s.Spec.School = "tsinghua"
+		if err := st.Client.Update(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.waitPublished(t, 125)
+	twice := getFresh(t, updated[0])
+	twice.Spec.School = "peking"
+	if err := st.Client.Update(ctx, twice); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range all[25:28] {
+		if err := st.Client.Delete(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	create(t, w.ns, "new-a", "fudan")
+	create(t, w.ns, "new-b", "fudan")
+	w.waitPublished(t, 131)
+
+	m, stop = w.mirror(t, "roster", rec.handle)
+	waitSame(t, w.ns, m)
+	changes = rec.take()
+	byName := map[string]consumer.Change{}
+	for _, c := range changes {
+		if _, dup := byName[c.Name]; dup {
+			t.Errorf("%s handed over twice after the restart", c.Name)
+		}
+		byName[c.Name] = c
+	}
+	if len(changes) != 10 {
+		t.Errorf("after the restart %d changes were handed over, want 10 (5 updated, 3 deleted, 2 created): %v", len(changes), names(changes))
+	}
+	if c := byName[updated[0].Name]; c.Old == nil || c.Old.Spec.School != "china" || c.New == nil || c.New.Spec.School != "peking" {
+		t.Errorf("%s updated twice while down: Old %+v New %+v, want china -> peking", updated[0].Name, c.Old, c.New)
+	}
+	for _, s := range all[25:28] {
+		if c := byName[s.Name]; c.New != nil || c.Old == nil || c.EventType != studentv1.EventTypeDeleted {
+			t.Errorf("%s deleted while down: %+v", s.Name, c)
+		}
+	}
+	if c := byName["new-a"]; c.Old != nil || c.New == nil || c.New.Spec.School != "fudan" {
+		t.Errorf("new-a created while down: %+v", c)
+	}
+	// In stream order of the newest event of each Student.
+	for i := 1; i < len(changes); i++ {
+		if seq(changes[i-1]) > seq(changes[i]) && seq(changes[i]) != 0 {
+			t.Errorf("changes out of stream order: %s (%d) before %s (%d)", changes[i-1].Name, seq(changes[i-1]), changes[i].Name, seq(changes[i]))
+		}
+	}
+
+	// Its position lost (the durable consumer deleted): the receipts tell
+	// what it applied, and nothing is handed over again.
+	w.waitAcked(t, "roster", 131)
+	stop()
+	js, err := jetstream.New(w.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteConsumer(ctx, w.cfg.NATS.Stream.Name, "roster"); err != nil {
+		t.Fatal(err)
+	}
+	m, _ = w.mirror(t, "roster", rec.handle)
+	waitSame(t, w.ns, m)
+	if again := rec.take(); len(again) != 0 {
+		t.Errorf("with its consumer deleted, %d changes were handed over again: %v", len(again), names(again))
+	}
+}
+
+func seq(c consumer.Change) uint64 {
+	if c.New != nil {
+		return c.New.Sequence
+	}
+	return 0
+}
+
+func names(cs []consumer.Change) []string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, c.Name)
+	}
+	return out
+}
+
+func getFresh(t *testing.T, s *studentv1.Student) *studentv1.Student {
+	t.Helper()
+	var fresh studentv1.Student
+	if err := st.Client.Get(context.Background(), client.ObjectKeyFromObject(s), &fresh); err != nil {
+		t.Fatal(err)
+	}
+	return &fresh
+}
+
+// TestMirrorRetriesAndReports: a change the handler fails three times is
+// retried, reported failed, then applied; the Student shows Failed, then
+// InSync 1/1; other Students are not held back meanwhile.
+func TestMirrorRetriesAndReports(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, "retry", "roster")
+	var failures int
+	rec := &recorder{fail: func(c consumer.Change) error {
+		if c.Name == "stubborn" && failures < 3 {
+			failures++
+			return errors.New("library system offline")
+		}
+		return nil
+	}}
+	_, _ = w.mirror(t, "roster", rec.handle)
+
+	stubborn := create(t, w.ns, "stubborn", "china")
+	// The Student shows the failure.
+	waitStudent(t, stubborn, func(s *studentv1.Student) error {
+		for _, svc := range s.Status.Services {
+			if svc.Name == "roster" && svc.State == studentv1.ServiceFailed && strings.Contains(svc.Message, "library system offline") {
+				return nil
+			}
+		}
+		return fmt.Errorf("services %+v", s.Status.Services)
+	})
+	other := create(t, w.ns, "other", "china")
+	waitStudent(t, other, inSync("1/1"))
+	waitStudent(t, stubborn, inSync("1/1"))
+	var attempts []string
+	for _, c := range rec.take() {
+		attempts = append(attempts, c.Name)
+	}
+	if strings.Count(strings.Join(attempts, " "), "stubborn") != 4 {
+		t.Errorf("handler calls %v: want stubborn 4 times (3 failures, then applied)", attempts)
+	}
+	if i, j := indexOf(attempts, "other"), lastIndexOf(attempts, "stubborn"); i < 0 || i > j {
+		t.Errorf("handler calls %v: other was held back behind the failing stubborn", attempts)
+	}
+	_ = ctx
+}
+
+func indexOf(s []string, v string) int {
+	for i, x := range s {
+		if x == v {
+			return i
+		}
+	}
+	return -1
+}
+
+func lastIndexOf(s []string, v string) int {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == v {
+			return i
+		}
+	}
+	return -1
+}
+
+func inSync(want string) func(*studentv1.Student) error {
+	return func(s *studentv1.Student) error {
+		c := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionInSync)
+		if s.Status.ServicesInSync != want || c == nil || c.Status != metav1.ConditionTrue {
+			return fmt.Errorf("servicesInSync %q, InSync %v, services %+v", s.Status.ServicesInSync, c, s.Status.Services)
+		}
+		return nil
+	}
+}
+
+func waitStudent(t *testing.T, s *studentv1.Student, cond func(*studentv1.Student) error) {
+	t.Helper()
+	if err := stack.Eventually(30*time.Second, func() error { return cond(getFresh(t, s)) }); err != nil {
+		t.Fatalf("%s: %v", s.Name, err)
+	}
+}

@@ -1,0 +1,81 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+)
+
+// Reporter writes a service's receipts into the receipts bucket, where the
+// bridge reads them and shows them on the Student. A Mirror reports by
+// itself; a service that applies changes another way reports by hand.
+type Reporter struct {
+	service string
+	kv      jetstream.KeyValue
+}
+
+// NewReporter opens the receipts bucket (studentv1.ReceiptsBucket when
+// bucket is empty; the bridge creates it) for service.
+func NewReporter(ctx context.Context, js jetstream.JetStream, service, bucket string) (*Reporter, error) {
+	if !studentv1.ValidServiceName(service) {
+		return nil, fmt.Errorf("consumer: service name %q: use letters, digits, '-' and '_' (up to 63)", service)
+	}
+	if bucket == "" {
+		bucket = studentv1.ReceiptsBucket
+	}
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, fmt.Errorf("consumer: receipts bucket %s (the bridge creates it): %w", bucket, err)
+	}
+	return &Reporter{service: service, kv: kv}, nil
+}
+
+// Report writes r as the service's receipt for r.UID; r.Service is set to
+// the reporter's service.
+func (p *Reporter) Report(ctx context.Context, r studentv1.Receipt) error {
+	r.Service = p.service
+	if len(r.Message) > studentv1.MaxReceiptMessage {
+		r.Message = r.Message[:studentv1.MaxReceiptMessage-3] + "..."
+	}
+	if err := r.Validate(""); err != nil {
+		return fmt.Errorf("consumer: receipt: %w", err)
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if _, err := p.kv.Put(ctx, studentv1.ReceiptKey(r.Service, r.UID), b); err != nil {
+		return fmt.Errorf("consumer: write receipt of %s/%s: %w", r.Namespace, r.Name, err)
+	}
+	return nil
+}
+
+// Applied returns the event id of the service's receipt for uid if it
+// reports that event applied, "" otherwise.
+func (p *Reporter) Applied(ctx context.Context, uid string) (string, error) {
+	e, err := p.kv.Get(ctx, studentv1.ReceiptKey(p.service, uid))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	var r studentv1.Receipt
+	if err := json.Unmarshal(e.Value(), &r); err != nil || r.Result != studentv1.ResultApplied {
+		return "", nil
+	}
+	return r.EventID, nil
+}
+
+// Forget removes the service's receipt for uid (its Student is deleted).
+func (p *Reporter) Forget(ctx context.Context, uid string) error {
+	if err := p.kv.Delete(ctx, studentv1.ReceiptKey(p.service, uid)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,92 @@
+package bridge
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/nats-io/nats.go"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/reconciler"
+	"github.com/student-bridge/student-bridge/sink"
+	"github.com/student-bridge/student-bridge/sink/natssink"
+)
+
+// receiptWatch follows the receipts bucket while this replica leads: every
+// receipt a service writes updates the Student's status view, a failure
+// raises a Warning Event, and receipts that cannot be shown are skipped
+// with a metric and a log line naming their key.
+type receiptWatch struct {
+	nc  *nats.Conn
+	cfg *config.Config
+	mgr manager.Manager
+	r   *reconciler.StudentReconciler
+	log logr.Logger
+}
+
+// NeedLeaderElection is true: only the leader writes status.
+func (w *receiptWatch) NeedLeaderElection() bool { return true }
+
+func (w *receiptWatch) Start(ctx context.Context) error {
+	if !w.mgr.GetCache().WaitForCacheSync(ctx) {
+		return nil
+	}
+	bucket := natssink.BucketConfig{Name: w.cfg.Receipts.Bucket, Storage: w.cfg.State.Storage, Replicas: w.cfg.State.Replicas,
+		Timeout: w.cfg.NATS.AckTimeout, Description: "What business services applied, per service and Student uid"}
+	err := retry(ctx, w.log, "receipts watch", func(ctx context.Context) error {
+		if !w.nc.IsConnected() {
+			return fmt.Errorf("NATS %s", w.nc.Status())
+		}
+		setup, cancel := context.WithTimeout(ctx, time.Minute)
+		store, err := natssink.EnsureBucket(setup, w.nc, bucket, w.cfg.Receipts.Create)
+		cancel()
+		if err != nil {
+			return err
+		}
+		w.r.Receipts.SetStore(store)
+		return store.Watch(ctx, func(rec sink.Record, deleted bool) { w.apply(ctx, rec, deleted) }, func() {
+			w.log.Info("receipts loaded", "bucket", bucket.Name, "receipts", w.r.Receipts.Len())
+		})
+	})
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("config key receipts.bucket: %w", err)
+	}
+	return nil
+}
+
+// apply takes one update of the bucket.
+func (w *receiptWatch) apply(ctx context.Context, rec sink.Record, deleted bool) {
+	if deleted {
+		if old, ok := w.r.Receipts.Remove(rec.Key); ok {
+			reconciler.CountReceipt("removed")
+			w.r.Status.Enqueue(types.NamespacedName{Namespace: old.Namespace, Name: old.Name})
+		}
+		return
+	}
+	receipt, err := reconciler.ParseReceipt(rec.Key, rec.Value)
+	if err != nil {
+		reconciler.CountReceipt("malformed")
+		w.log.Info("skipping a malformed receipt", "key", rec.Key, "reason", err.Error())
+		return
+	}
+	key := types.NamespacedName{Namespace: receipt.Namespace, Name: receipt.Name}
+	var stu studentv1.Student
+	if err := w.mgr.GetClient().Get(ctx, key, &stu); err != nil || string(stu.UID) != receipt.UID {
+		reconciler.CountReceipt("unknownStudent")
+		w.log.Info("skipping a receipt of a Student the bridge does not watch", "key", rec.Key, "student", key.String())
+		return
+	}
+	prev := w.r.Receipts.Set(receipt)
+	reconciler.CountReceipt(receipt.Result)
+	if receipt.Result == studentv1.ResultFailed && (prev == nil || prev.Result != receipt.Result || prev.EventID != receipt.EventID || prev.Message != receipt.Message) {
+		w.r.Recorder.Eventf(&stu, nil, corev1.EventTypeWarning, studentv1.ReasonServiceFailed, "Apply",
+			"service %s failed to apply event %s (generation %d): %s", receipt.Service, receipt.EventID, receipt.Generation, receipt.Message)
+	}
+	w.r.Status.Enqueue(key)
+}

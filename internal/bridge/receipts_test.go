@@ -1,0 +1,195 @@
+package bridge_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stack"
+)
+
+// TestReceiptsShowOnTheStudent: what services report in the receipts bucket
+// shows on the Student: each service's state, "n/m" of the expected ones,
+// the InSync condition, a Warning Event for a failure; malformed receipts
+// are skipped without hiding the others; a deleted Student's receipts are
+// removed.
+func TestReceiptsShowOnTheStudent(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "receipts")
+	cfg.Services.Expected = []string{"billing", "library"}
+	startBridge(t, cfg)
+	nc := natsConn(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	stu := newStudent(ns, "object-name", "wang", "china")
+	if err := st.Client.Create(ctx, stu); err != nil {
+		t.Fatal(err)
+	}
+	published := func() *studentv1.PublishedEvent {
+		var last *studentv1.PublishedEvent
+		if err := stack.Eventually(30*time.Second, func() error {
+			s := getStudent(t, ns, stu.Name)
+			if s.Status.LastPublished == nil || s.Status.LastPublished.Generation != s.Generation {
+				return fmt.Errorf("generation %d not published yet", s.Generation)
+			}
+			last = s.Status.LastPublished
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return last
+	}
+	first := published()
+
+	var kv jetstream.KeyValue
+	if err := stack.Eventually(30*time.Second, func() error {
+		kv, err = js.KeyValue(ctx, cfg.Receipts.Bucket)
+		return err
+	}); err != nil {
+		t.Fatalf("the bridge created no receipts bucket: %v", err)
+	}
+	report := func(service string, ev *studentv1.PublishedEvent, result, message string) {
+		t.Helper()
+		b, _ := json.Marshal(studentv1.Receipt{Service: service, UID: string(stu.UID), Namespace: ns, Name: stu.Name,
+			EventID: ev.ID, Generation: ev.Generation, Result: result, Message: message, Time: metav1.Now()})
+		if _, err := kv.Put(ctx, studentv1.ReceiptKey(service, string(stu.UID)), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// expect waits until the Student shows inSync and the states of the
+	// services given.
+	expect := func(inSync string, cond metav1.ConditionStatus, states map[string]string) *studentv1.Student {
+		t.Helper()
+		var s *studentv1.Student
+		if err := stack.Eventually(30*time.Second, func() error {
+			s = getStudent(t, ns, stu.Name)
+			got := map[string]string{}
+			for _, svc := range s.Status.Services {
+				got[svc.Name] = svc.State
+			}
+			c := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionInSync)
+			if s.Status.ServicesInSync != inSync || c == nil || c.Status != cond || fmt.Sprint(got) != fmt.Sprint(states) {
+				return fmt.Errorf("servicesInSync %q, InSync %v, services %v; want %q, %s, %v", s.Status.ServicesInSync, c, got, inSync, cond, states)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+
+	expect("0/2", metav1.ConditionFalse, map[string]string{"billing": "Behind", "library": "Behind"})
+	report("billing", first, studentv1.ResultApplied, "")
+	expect("1/2", metav1.ConditionFalse, map[string]string{"billing": "InSync", "library": "Behind"})
+	report("library", first, studentv1.ResultApplied, "")
+	// A service nobody expects is shown, not required.
+	report("audit", first, studentv1.ResultFailed, "disk full")
+	s := expect("2/2", metav1.ConditionTrue, map[string]string{"audit": "Failed", "billing": "InSync", "library": "InSync"})
+	for _, svc := range s.Status.Services {
+		if svc.Name == "billing" && (svc.AppliedEventID != first.ID || svc.AppliedGeneration != first.Generation) {
+			t.Errorf("billing shows %s generation %d, want %s %d", svc.AppliedEventID, svc.AppliedGeneration, first.ID, first.Generation)
+		}
+	}
+
+	// Malformed receipts are skipped; the good ones stay shown.
+	for key, value := range map[string]string{
+		"billing.not-json":               "{",
+		"library." + string(stu.UID):     `{"service":"billing","uid":"` + string(stu.UID) + `","namespace":"` + ns + `","name":"object-name","eventID":"x","result":"applied"}`,
+		"library.ffff-not-a-student-uid": `{"service":"library","uid":"ffff-not-a-student-uid","namespace":"` + ns + `","name":"object-name","eventID":"x","result":"applied"}`,
+		"billing." + string(stu.UID):     `{"service":"billing","uid":"` + string(stu.UID) + `","namespace":"` + ns + `","name":"object-name","eventID":"x","result":"failed","message":"` + strings.Repeat("x", 2000) + `"}`,
+	} {
+		if _, err := kv.Put(ctx, key, []byte(value)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := stack.Eventually(30*time.Second, func() error {
+		if m, u := receiptCount(t, "malformed"), receiptCount(t, "unknownStudent"); m < 3 || u < 1 {
+			return fmt.Errorf("receipts counted malformed %v, unknownStudent %v; want at least 3 and 1", m, u)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	expect("2/2", metav1.ConditionTrue, map[string]string{"audit": "Failed", "billing": "InSync", "library": "InSync"})
+
+	// A change: both services are behind until they report it.
+	s.Spec.School = "tsinghua"
+	if err := st.Client.Update(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	second := published()
+	if second.ID == first.ID {
+		t.Fatal("the update was not published")
+	}
+	expect("0/2", metav1.ConditionFalse, map[string]string{"audit": "Failed", "billing": "Behind", "library": "Behind"})
+	report("billing", second, studentv1.ResultFailed, "account locked")
+	s = expect("0/2", metav1.ConditionFalse, map[string]string{"audit": "Failed", "billing": "Failed", "library": "Behind"})
+	if c := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionInSync); c.Reason != studentv1.ReasonServiceFailed || !strings.Contains(c.Message, "account locked") {
+		t.Errorf("InSync %s: %s, want %s naming the failure", c.Reason, c.Message, studentv1.ReasonServiceFailed)
+	}
+	if err := stack.Eventually(30*time.Second, func() error {
+		for _, e := range kubeEvents(t, ns, stu.Name) {
+			if e.Type == "Warning" && e.Reason == studentv1.ReasonServiceFailed && strings.Contains(e.Note, "billing") && strings.Contains(e.Note, "account locked") {
+				return nil
+			}
+		}
+		return errors.New("no ServiceFailed Warning Event naming billing")
+	}); err != nil {
+		t.Error(err)
+	}
+	report("billing", second, studentv1.ResultApplied, "")
+	report("library", second, studentv1.ResultApplied, "")
+	expect("2/2", metav1.ConditionTrue, map[string]string{"audit": "Failed", "billing": "InSync", "library": "InSync"})
+
+	// Deleted: its receipts go with it.
+	if err := st.Client.Delete(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := stack.Eventually(30*time.Second, func() error {
+		for _, svc := range []string{"billing", "library", "audit"} {
+			if _, err := kv.Get(ctx, studentv1.ReceiptKey(svc, string(stu.UID))); !errors.Is(err, jetstream.ErrKeyNotFound) {
+				return fmt.Errorf("receipt of %s after the delete: %v", svc, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+}
+
+// receiptCount reads student_bridge_receipts_total{result} from the
+// process's metrics registry (every bridge of this test binary counts).
+func receiptCount(t *testing.T, result string) float64 {
+	t.Helper()
+	families, err := ctrlmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != "student_bridge_receipts_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
