@@ -24,6 +24,7 @@ import (
 	"github.com/student-bridge/student-bridge/consumer"
 	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/services"
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
@@ -420,9 +421,36 @@ func TestMirrorRetriesAndReports(t *testing.T) {
 		}
 		return fmt.Errorf("services %+v", s.Status.Services)
 	})
+	report := func() map[string]services.Row {
+		rows, err := services.Report(ctx, w.nc, services.Options{Stream: w.cfg.NATS.Stream.Name, RecordsBucket: w.cfg.State.Bucket,
+			ReceiptsBucket: w.cfg.Receipts.Bucket, Expected: []string{"roster", "billing"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]services.Row{}
+		for _, r := range rows {
+			out[r.Service] = r
+		}
+		return out
+	}
+	if r := report()["roster"]; r.Failed != 1 || r.InSync != 0 || !r.Consumer {
+		t.Errorf("student-bridge services while stubborn fails: %+v", r)
+	}
 	other := create(t, w.ns, "other", "china")
 	waitStudent(t, other, inSync("1/1"))
 	waitStudent(t, stubborn, inSync("1/1"))
+	if err := stack.Eventually(10*time.Second, func() error {
+		rows := report()
+		if r := rows["roster"]; r.InSync != 2 || r.Behind != 0 || r.Failed != 0 || !r.Consumer || r.Pending != 0 || r.AckedSequence != 2 {
+			return fmt.Errorf("roster: %+v", r)
+		}
+		if r := rows["billing"]; r.Behind != 2 || r.Consumer {
+			return fmt.Errorf("billing (expected, never started): %+v", r)
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("student-bridge services: %v", err)
+	}
 	var attempts []string
 	for _, c := range rec.take() {
 		attempts = append(attempts, c.Name)
@@ -433,7 +461,6 @@ func TestMirrorRetriesAndReports(t *testing.T) {
 	if i, j := indexOf(attempts, "other"), lastIndexOf(attempts, "stubborn"); i < 0 || i > j {
 		t.Errorf("handler calls %v: other was held back behind the failing stubborn", attempts)
 	}
-	_ = ctx
 }
 
 func indexOf(s []string, v string) int {

@@ -310,6 +310,22 @@ func NewSnapshotLoader(fs *pflag.FlagSet) *Loader {
 	return l
 }
 
+// NewServicesLoader returns the Loader of `student-bridge services`: the
+// NATS connection flags, the record store and receipts buckets and the
+// expected services.
+func NewServicesLoader(fs *pflag.FlagSet) *Loader {
+	l := newLoader()
+	l.validate = (*Config).validateConnection
+	l.addFlags(fs, connectionSettings())
+	for _, s := range Settings {
+		switch s.Key {
+		case "state.bucket", "receipts.bucket", "services.expected":
+			l.addFlags(fs, []Setting{s})
+		}
+	}
+	return l
+}
+
 // NewReleaseLoader returns the Loader of `student-bridge release-finalizers`:
 // where the Kubernetes API is, which Students the bridge watched and its
 // leader election Lease.

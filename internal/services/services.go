@@ -1,0 +1,170 @@
+// Package services is `student-bridge services`: per business service, how
+// far its consumer is behind the stream and how many Students it has
+// applied, from the record store (what was published) and the receipts
+// (what each service applied).
+package services
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"text/tabwriter"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+)
+
+// Options say where to look.
+type Options struct {
+	Stream         string
+	RecordsBucket  string
+	ReceiptsBucket string
+	// Expected services are listed even without a consumer or receipt.
+	Expected []string
+}
+
+// Row is one service.
+type Row struct {
+	Service string
+	// Consumer is false when the stream has no durable consumer named
+	// after the service; Pending and AckedSequence are then 0.
+	Consumer      bool
+	Pending       uint64
+	AckedSequence uint64
+	InSync        int
+	Behind        int
+	Failed        int
+}
+
+// Report computes a Row per service: every expected one, every one with
+// receipts, every durable consumer of the stream.
+func Report(ctx context.Context, nc *nats.Conn, o Options) ([]Row, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	published, err := loadPublished(ctx, js, o.RecordsBucket)
+	if err != nil {
+		return nil, err
+	}
+	receipts, err := loadReceipts(ctx, js, o.ReceiptsBucket)
+	if err != nil {
+		return nil, err
+	}
+	names := append([]string(nil), o.Expected...)
+	for name := range receipts {
+		names = append(names, name)
+	}
+	stream, err := js.Stream(ctx, o.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", o.Stream, err)
+	}
+	consumers := map[string]*jetstream.ConsumerInfo{}
+	list := stream.ListConsumers(ctx)
+	for info := range list.Info() {
+		if info.Config.Durable != "" && studentv1.ValidServiceName(info.Config.Durable) {
+			consumers[info.Config.Durable] = info
+			names = append(names, info.Config.Durable)
+		}
+	}
+	if err := list.Err(); err != nil {
+		return nil, fmt.Errorf("list the consumers of %s: %w", o.Stream, err)
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	var rows []Row
+	for _, name := range names {
+		r := Row{Service: name}
+		if info, ok := consumers[name]; ok {
+			r.Consumer, r.Pending, r.AckedSequence = true, info.NumPending+uint64(info.NumAckPending), info.AckFloor.Stream
+		}
+		for uid, eventID := range published {
+			rec, ok := receipts[name][uid]
+			switch {
+			case ok && rec.Result == studentv1.ResultFailed:
+				r.Failed++
+			case ok && rec.EventID == eventID:
+				r.InSync++
+			default:
+				r.Behind++
+			}
+		}
+		rows = append(rows, r)
+	}
+	return rows, nil
+}
+
+// Print writes rows as a table.
+func Print(w io.Writer, rows []Row) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE\tPENDING\tACKED-SEQ\tIN-SYNC\tBEHIND\tFAILED")
+	for _, r := range rows {
+		pending, acked := "-", "-"
+		if r.Consumer {
+			pending, acked = fmt.Sprint(r.Pending), fmt.Sprint(r.AckedSequence)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%d\n", r.Service, pending, acked, r.InSync, r.Behind, r.Failed)
+	}
+	return tw.Flush()
+}
+
+// loadPublished reads the record store: the last event id published per
+// Student that exists (deleted ones left out).
+func loadPublished(ctx context.Context, js jetstream.JetStream, bucket string) (map[string]string, error) {
+	out := map[string]string{}
+	err := eachKey(ctx, js, bucket, func(key string, value []byte) {
+		var rec studentv1.StudentRecord
+		if json.Unmarshal(value, &rec) == nil && rec.Published.Type != studentv1.EventTypeDeleted && rec.Published.ID != "" {
+			out[rec.UID] = rec.Published.ID
+		}
+	})
+	return out, err
+}
+
+// loadReceipts reads the receipts bucket: service -> uid -> receipt.
+func loadReceipts(ctx context.Context, js jetstream.JetStream, bucket string) (map[string]map[string]studentv1.Receipt, error) {
+	out := map[string]map[string]studentv1.Receipt{}
+	err := eachKey(ctx, js, bucket, func(key string, value []byte) {
+		var rec studentv1.Receipt
+		if json.Unmarshal(value, &rec) != nil || rec.Validate(key) != nil {
+			return
+		}
+		if out[rec.Service] == nil {
+			out[rec.Service] = map[string]studentv1.Receipt{}
+		}
+		out[rec.Service][rec.UID] = rec
+	})
+	return out, err
+}
+
+func eachKey(ctx context.Context, js jetstream.JetStream, bucket string, fn func(key string, value []byte)) error {
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", bucket, err)
+	}
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("read bucket %s: %w", bucket, err)
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("read bucket " + bucket + ": watch closed")
+			}
+			if e == nil {
+				return nil
+			}
+			fn(e.Key(), e.Value())
+		}
+	}
+}
+
