@@ -167,4 +167,3 @@ func eachKey(ctx context.Context, js jetstream.JetStream, bucket string, fn func
 		}
 	}
 }
-
