@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	studentconsumer "github.com/student-bridge/student-bridge/consumer"
 	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
@@ -36,11 +37,12 @@ func shippedNATSOptions(t *testing.T, bridgePassword, consumerPassword string) *
 	t.Setenv("POD_NAME", "nats-0")
 	t.Setenv("BRIDGE_PASSWORD", bridgePassword)
 	t.Setenv("CONSUMER_PASSWORD", consumerPassword)
+	t.Setenv("ROSTER_PASSWORD", "roster-secret")
 	opts, err := natsserver.ProcessConfigFile(filepath.Join(stack.RepoRoot(), "deploy", "nats", "nats.conf"))
 	if err != nil {
 		t.Fatalf("nats.conf does not parse: %v", err)
 	}
-	if !opts.JetStream || opts.StoreDir != "/data" || opts.ServerName != "nats-0" || len(opts.Users) != 2 {
+	if !opts.JetStream || opts.StoreDir != "/data" || opts.ServerName != "nats-0" || len(opts.Users) != 3 {
 		t.Fatalf("nats.conf parsed to jetstream=%v store=%s name=%s users=%d", opts.JetStream, opts.StoreDir, opts.ServerName, len(opts.Users))
 	}
 	return opts
@@ -202,6 +204,57 @@ func checkBridgeAndConsumer(t *testing.T, url string) {
 	// permissions.
 	bridgeBucket(t, url, "STUDENT_BRIDGE_RECEIPTS")
 
+	// A business service, as user roster, mirrors the Students and writes
+	// its own receipts, and no other service's.
+	rosterConn, rosterErrs := connectAs(t, url, "roster", "roster-secret")
+	applied := make(chan string, 16)
+	mirror, err := studentconsumer.NewMirror(rosterConn, studentconsumer.MirrorOptions{Service: "roster",
+		Handler: func(_ context.Context, c studentconsumer.Change) error {
+			applied <- c.Name
+			return nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mctx, mcancel := context.WithCancel(ctx)
+	mdone := make(chan error, 1)
+	go func() { mdone <- mirror.Run(mctx) }()
+	defer func() {
+		mcancel()
+		if err := <-mdone; err != nil {
+			t.Errorf("mirror as roster: %v", err)
+		}
+	}()
+	second := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "second"}, Spec: studentv1.StudentSpec{Name: "li", School: "china"}}
+	if err := st.Client.Create(ctx, second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case name := <-applied:
+		if name != "second" {
+			t.Errorf("roster applied %s, want second", name)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the mirror as roster applied nothing; permission errors: %v", rosterErrs())
+	}
+	rosterJS, err := jetstream.New(rosterConn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	receipts, err := rosterJS.KeyValue(ctx, "STUDENT_BRIDGE_RECEIPTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stack.Eventually(30*time.Second, func() error {
+		_, err := receipts.Get(ctx, studentv1.ReceiptKey("roster", string(second.UID)))
+		return err
+	}); err != nil {
+		t.Errorf("roster's receipt: %v (permission errors %v)", err, rosterErrs())
+	}
+	expectViolation(t, rosterConn, rosterErrs, "$KV.STUDENT_BRIDGE_RECEIPTS.billing."+string(second.UID))
+	expectViolation(t, rosterConn, rosterErrs, "student.created")
+	expectViolation(t, consumer, consumerErrs, "$KV.STUDENT_BRIDGE_RECEIPTS.roster."+string(second.UID))
+
 	expectViolation(t, consumer, consumerErrs, "student.created")
 	bridgeConn, bridgeErrs := connectAs(t, url, "bridge", "bridge-secret")
 	expectViolation(t, bridgeConn, bridgeErrs, "billing.invoice")
@@ -265,7 +318,7 @@ func natsChartConfig(t *testing.T, bridgePassword, consumerPassword string) *nat
 	if !values.Config.JetStream.Enabled || !values.Config.Cluster.Enabled || values.Config.Cluster.Replicas != 3 {
 		t.Errorf("nats-values.yaml: want a 3-node JetStream cluster, got %+v", values.Config)
 	}
-	for env, key := range map[string]string{"BRIDGE_PASSWORD": "bridge-password", "CONSUMER_PASSWORD": "consumer-password"} {
+	for env, key := range map[string]string{"BRIDGE_PASSWORD": "bridge-password", "CONSUMER_PASSWORD": "consumer-password", "ROSTER_PASSWORD": "roster-password"} {
 		ref := values.Container.Env[env].ValueFrom
 		if ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != "student-bridge-nats" || ref.SecretKeyRef.Key != key {
 			t.Errorf("nats-values.yaml: container.env.%s does not come from Secret student-bridge-nats key %s", env, key)
@@ -286,6 +339,7 @@ func natsChartConfig(t *testing.T, bridgePassword, consumerPassword string) *nat
 	}
 	t.Setenv("BRIDGE_PASSWORD", bridgePassword)
 	t.Setenv("CONSUMER_PASSWORD", consumerPassword)
+	t.Setenv("ROSTER_PASSWORD", "roster-secret")
 	opts, err := natsserver.ProcessConfigFile(file)
 	if err != nil {
 		t.Fatalf("the merge block of nats-values.yaml does not parse:\n%s\n%v", conf, err)
@@ -308,7 +362,7 @@ func TestNATSChartValues(t *testing.T) {
 		return out
 	}
 	c, s := perms(chart), perms(shipped)
-	if len(c) != 2 || !reflect.DeepEqual(c, s) {
+	if len(c) != 3 || !reflect.DeepEqual(c, s) {
 		cj, _ := json.Marshal(c)
 		sj, _ := json.Marshal(s)
 		t.Errorf("the NATS chart's users differ from deploy/nats:\nchart  %s\nnats.conf %s", cj, sj)
