@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/bridgetest"
+	"github.com/student-bridge/student-bridge/internal/stack"
+)
+
+var st *stack.Stack
+
+func TestMain(m *testing.M) {
+	os.Exit(stack.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
+}
+
+// syncBuffer is the example's output, read while it runs.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestRosterWalkthrough is the README's walkthrough: with the example
+// running, the Student shows 1/1; stopped, an edit shows 0/1 (Behind);
+// started again, it catches up: 1/1.
+func TestRosterWalkthrough(t *testing.T) {
+	ctx := context.Background()
+	w := bridgetest.Start(t, st, "roster")
+	var out syncBuffer
+	start := func() func() {
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() {
+			done <- run(rctx, []string{"--nats-url", st.NATS.URL(), "--stream", w.Config.NATS.Stream.Name,
+				"--subjects", w.Config.NATS.SubjectPrefix + ".>", "--receipts-bucket", w.Config.Receipts.Bucket}, &out)
+		}()
+		return func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("roster: %v", err)
+			}
+		}
+	}
+	stop := start()
+	stu := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: w.Namespace, Name: "object-name"}, Spec: studentv1.StudentSpec{Name: "wang", School: "china"}}
+	if err := st.Client.Create(ctx, stu); err != nil {
+		t.Fatal(err)
+	}
+	shows := func(inSync, state string) {
+		t.Helper()
+		if err := stack.Eventually(30*time.Second, func() error {
+			var s studentv1.Student
+			if err := st.Client.Get(ctx, client.ObjectKeyFromObject(stu), &s); err != nil {
+				return err
+			}
+			c := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionInSync)
+			if s.Status.ServicesInSync != inSync || len(s.Status.Services) != 1 || s.Status.Services[0].State != state || c == nil {
+				return fmt.Errorf("servicesInSync %q, services %+v", s.Status.ServicesInSync, s.Status.Services)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	shows("1/1", studentv1.ServiceInSync)
+	stop()
+
+	var s studentv1.Student
+	if err := st.Client.Get(ctx, client.ObjectKeyFromObject(stu), &s); err != nil {
+		t.Fatal(err)
+	}
+	s.Spec.School = "tsinghua"
+	if err := st.Client.Update(ctx, &s); err != nil {
+		t.Fatal(err)
+	}
+	shows("0/1", studentv1.ServiceBehind)
+
+	stop = start()
+	defer stop()
+	shows("1/1", studentv1.ServiceInSync)
+	for _, line := range []string{"enrolled " + w.Namespace + "/object-name at china", "updated  " + w.Namespace + "/object-name at tsinghua"} {
+		if !strings.Contains(out.String(), line) {
+			t.Errorf("roster printed %q, want a line %q", out.String(), line)
+		}
+	}
+}
