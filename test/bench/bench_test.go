@@ -41,6 +41,12 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s: %d Students unobserved despite the finalizer policy", v.name, unobserved)
 		}
 	}
+	if !strings.Contains(table, "student-bridge (two services) at 20/s: a service's receipt shows on the Student after p50") {
+		t.Errorf("no receipt-to-status latency of the variant with services:\n%s", table)
+	}
+	if !strings.Contains(table, "With two services' receipts for each of the 40 Students (80 receipts)") {
+		t.Errorf("no memory with receipts:\n%s", table)
+	}
 	if !strings.Contains(table, "events republished (all restarts): 0.") {
 		t.Errorf("restart republished events or did not report:\n%s", table)
 	}

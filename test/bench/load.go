@@ -117,6 +117,11 @@ type result struct {
 	cpuSeconds      float64 // this process: generator, NATS, subscriber, the bridge
 	controlPlaneCPU float64 // kube-apiserver and etcd
 	achievedRate    float64
+	// receiptToStatus: from a service applying a change to the Student
+	// showing it (variants with services); applied counts the changes
+	// the services applied.
+	receiptToStatus []time.Duration
+	applied         int64
 }
 
 func (t *tracker) result(variant string, rate int) result {

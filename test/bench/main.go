@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -228,6 +229,30 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 		}
 		fmt.Fprintf(&b, "- %s: %d changes/s (bisected: %s)\n", v.name, lo, strings.Join(probes, ", "))
 	}
+	for _, v := range variants {
+		if !v.services {
+			continue
+		}
+		for _, rate := range o.rates {
+			rs := results[key{v.name, rate}]
+			if len(rs) == 0 {
+				continue
+			}
+			var lat []time.Duration
+			var applied int64
+			for _, r := range rs {
+				lat = append(lat, r.receiptToStatus...)
+				applied += r.applied
+			}
+			slices.Sort(lat)
+			if len(lat) == 0 {
+				fmt.Fprintf(&b, "\n%s at %d/s: no receipt showed on a Student before the run ended (%d applied).\n", v.name, rate, applied)
+				continue
+			}
+			fmt.Fprintf(&b, "\n%s at %d/s: a service's receipt shows on the Student after p50 %s, p99 %s (%d of %d applied changes seen in sync; the others were coalesced into a later status write of the same Student).\n",
+				v.name, rate, lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)*99/100].Round(time.Millisecond), len(lat), applied)
+		}
+	}
 	if len(o.students) > 0 {
 		mem, err := memoryAndRestart(ctx, e, o.students)
 		if err != nil {
@@ -323,6 +348,9 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 	res.studentWrites, res.eventWrites = r.studentWrites.Load(), r.eventWrites.Load()
 	res.cpuSeconds = cpu
 	res.controlPlaneCPU = cpCPU
+	r.mu.Lock()
+	res.receiptToStatus, res.applied = r.receiptToStatus, r.applied.Load()
+	r.mu.Unlock()
 	_ = e.js.DeleteStream(ctx, r.stream)
 	if v.k8s {
 		if err := removeStudents(ctx, e, r.ns); err != nil {

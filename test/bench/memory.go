@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -57,7 +59,8 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error)
 	metricsAddr, healthAddr, pprofAddr := freeAddr(), freeAddr(), freeAddr()
 	args := []string{"--kubeconfig", kubeconfig, "--nats-url", e.st.NATS.URL(), "--leader-elect=false",
 		"--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr, "--pprof-bind-address", pprofAddr,
-		"--namespaces", ns, "--stream-name", stream, "--state-bucket", stream + "_RECORDS", "--subject-prefix", "benchmem", "--snapshot-request-subject", ""}
+		"--namespaces", ns, "--stream-name", stream, "--state-bucket", stream + "_RECORDS", "--receipts-bucket", stream + "_RECEIPTS",
+		"--subject-prefix", "benchmem", "--snapshot-request-subject", ""}
 	startProc := func() (*exec.Cmd, time.Time, error) {
 		cmd := exec.Command(bin, args...)
 		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
@@ -138,6 +141,30 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error)
 	if hi > lo {
 		fmt.Fprintf(&b, "\nSteady RSS slope between %d and %d Students: %.2f KB per Student.\n", lo, hi, float64(steady[hi]-steady[lo])/float64(hi-lo))
 	}
+
+	// Two services' receipts for every Student, written as the services
+	// would: what the bridge holds for them.
+	rssBefore, heapBefore := sample()
+	n, err := writeReceipts(ctx, e, stream, benchServices)
+	if err != nil {
+		return "", err
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for metric(metrics, `student_bridge_receipts_total{result="applied"}`) < float64(n) {
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("the bridge did not read %d receipts within 5 minutes", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(3 * time.Second) // the status writes they cause
+	rssReceipts, heapReceipts := sample()
+	if _, _, err = restart(hi); err != nil {
+		return "", err
+	}
+	time.Sleep(3 * time.Second)
+	rssSteadyR, heapSteadyR := sample()
+	fmt.Fprintf(&b, "\nWith two services' receipts for each of the %d Students (%d receipts): RSS %.1f MB, heap %.1f MB once read (%.1f MB, %.1f MB before); steady after a restart RSS %.1f MB, heap %.1f MB: %.2f KB RSS per Student more than without (steady).\n",
+		hi, n, float64(rssReceipts)/1024, heapReceipts, float64(rssBefore)/1024, heapBefore, float64(rssSteadyR)/1024, heapSteadyR, float64(rssSteadyR-steady[hi])/float64(hi))
 
 	// The raw reference: how long an informer takes to sync the same Students.
 	t1 := time.Now()
@@ -282,3 +309,41 @@ func metricSum(url, prefix string) float64 {
 
 // metric is the value of the series name (with its labels, if any).
 func metric(url, name string) float64 { return metricSum(url, name+" ") }
+
+// writeReceipts writes, for every Student in the record store of stream,
+// a receipt per service saying it applied the last published event. It
+// returns how many it wrote.
+func writeReceipts(ctx context.Context, e *env, stream string, services []string) (int, error) {
+	records, err := e.js.KeyValue(ctx, stream+"_RECORDS")
+	if err != nil {
+		return 0, err
+	}
+	receipts, err := e.js.KeyValue(ctx, stream+"_RECEIPTS")
+	if err != nil {
+		return 0, err
+	}
+	w, err := records.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = w.Stop() }()
+	n := 0
+	for entry := range w.Updates() {
+		if entry == nil {
+			break
+		}
+		var rec studentv1.StudentRecord
+		if err := json.Unmarshal(entry.Value(), &rec); err != nil {
+			return n, err
+		}
+		for _, svc := range services {
+			b, _ := json.Marshal(studentv1.Receipt{Service: svc, UID: rec.UID, Namespace: rec.Namespace, Name: rec.Name,
+				EventID: rec.Published.ID, Generation: rec.Published.Generation, Result: studentv1.ResultApplied, Time: metav1.Now()})
+			if _, err := receipts.Put(ctx, studentv1.ReceiptKey(svc, rec.UID), b); err != nil {
+				return n, err
+			}
+			n++
+		}
+	}
+	return n, nil
+}

@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/consumer"
 	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
@@ -39,7 +43,9 @@ type variant struct {
 	bridge bool
 	// policy gives the variant's namespace the finalizer policy.
 	policy bool
-	start  func(ctx context.Context, e *env, run *run) (stop func(), err error)
+	// services runs business services that report receipts.
+	services bool
+	start    func(ctx context.Context, e *env, run *run) (stop func(), err error)
 }
 
 type env struct {
@@ -59,15 +65,27 @@ type run struct {
 	// status), eventWrites its Kubernetes Events.
 	studentWrites atomic.Int64
 	eventWrites   atomic.Int64
+	// receiptToStatus are the delays from a service applying a change to
+	// the Student showing it in sync (variants with services).
+	mu              sync.Mutex
+	receiptToStatus []time.Duration
+	applied         atomic.Int64 // changes the services applied
 }
 
 var variants = []variant{
 	{name: "nats-ceiling", k8s: false, start: startNATSCeiling},
 	{name: "watch-floor", k8s: true, start: startWatchFloor},
 	{name: "raw-informer", k8s: true, start: startRawInformer},
-	{name: "student-bridge", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startBridge(ctx, e, r, true, true) }},
-	{name: "student-bridge (no k8s Events)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startBridge(ctx, e, r, false, true) }},
-	{name: "student-bridge (no finalizer)", k8s: true, bridge: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startBridge(ctx, e, r, true, false) }},
+	{name: "student-bridge", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) {
+		return startBridge(ctx, e, r, true, true, nil)
+	}},
+	{name: "student-bridge (no k8s Events)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) {
+		return startBridge(ctx, e, r, false, true, nil)
+	}},
+	{name: "student-bridge (no finalizer)", k8s: true, bridge: true, start: func(ctx context.Context, e *env, r *run) (func(), error) {
+		return startBridge(ctx, e, r, true, false, nil)
+	}},
+	{name: "student-bridge (two services)", k8s: true, bridge: true, policy: true, services: true, start: startBridgeWithServices},
 }
 
 // subscribe delivers every event of the run's stream to the tracker.
@@ -193,7 +211,7 @@ func startRawInformer(ctx context.Context, e *env, r *run) (func(), error) {
 }
 
 // startBridge runs the real bridge in this process, counting its API writes.
-func startBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinalizer bool) (func(), error) {
+func startBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinalizer bool, tweak func(*config.Config)) (func(), error) {
 	cfg, err := config.New(nil).Load("")
 	if err != nil {
 		return nil, err
@@ -211,6 +229,10 @@ func startBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinali
 	cfg.Snapshot.RequestSubject = ""
 	if w := os.Getenv("BENCH_WORKERS"); w != "" {
 		cfg.Workers, _ = strconv.Atoi(w)
+	}
+	cfg.Receipts.Bucket = r.stream + "_RECEIPTS"
+	if tweak != nil {
+		tweak(cfg)
 	}
 	restCfg := rest.CopyConfig(e.st.RestConfig)
 	restCfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
@@ -250,6 +272,86 @@ func startBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinali
 		cancel()
 		<-done
 	}, nil
+}
+
+// benchServices are the simulated business services.
+var benchServices = []string{"billing", "library"}
+
+// startBridgeWithServices runs the bridge expecting two services, and the
+// two services: consumer.Mirrors whose handler applies every change at
+// once. It measures how long after a service applied a change the Student
+// shows it in sync (from an informer on the run's namespace).
+func startBridgeWithServices(ctx context.Context, e *env, r *run) (func(), error) {
+	stopBridge, err := startBridge(ctx, e, r, true, true, func(cfg *config.Config) { cfg.Services.Expected = benchServices })
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	stop := func() { cancel(); stopBridge() }
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := e.js.KeyValue(sctx, r.stream+"_RECEIPTS"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return nil, fmt.Errorf("bridge did not create bucket %s_RECEIPTS", r.stream)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var applied sync.Map // service/eventID -> time.Time
+	var wg sync.WaitGroup
+	for _, svc := range benchServices {
+		m, err := consumer.NewMirror(e.nc, consumer.MirrorOptions{Service: svc, Stream: r.stream, Subjects: r.prefix + ".>",
+			ReceiptsBucket: r.stream + "_RECEIPTS", Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Handler: func(_ context.Context, c consumer.Change) error {
+				applied.Store(svc+"/"+c.EventID, time.Now())
+				r.applied.Add(1)
+				return nil
+			}})
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := m.Run(sctx); err != nil {
+				fmt.Fprintf(os.Stderr, "service %s: %v\n", svc, err)
+			}
+		}()
+	}
+	c, err := cache.New(e.st.RestConfig, cache.Options{Scheme: e.st.Client.Scheme(), DefaultNamespaces: map[string]cache.Config{r.ns: {}}})
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	inf, err := c.GetInformer(sctx, &studentv1.Student{})
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{UpdateFunc: func(_, obj any) {
+		s, ok := obj.(*studentv1.Student)
+		if !ok {
+			return
+		}
+		for _, svc := range s.Status.Services {
+			if svc.State != studentv1.ServiceInSync {
+				continue
+			}
+			if at, ok := applied.LoadAndDelete(svc.Name + "/" + svc.AppliedEventID); ok {
+				r.mu.Lock()
+				r.receiptToStatus = append(r.receiptToStatus, time.Since(at.(time.Time)))
+				r.mu.Unlock()
+			}
+		}
+	}}); err != nil {
+		stop()
+		return nil, err
+	}
+	go func() { _ = c.Start(sctx) }()
+	return func() { stop(); wg.Wait() }, nil
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
