@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stack"
@@ -171,25 +170,13 @@ func TestReceiptsShowOnTheStudent(t *testing.T) {
 	}
 }
 
-// receiptCount reads student_bridge_receipts_total{result} from the
-// process's metrics registry (every bridge of this test binary counts).
+// receiptCount reads student_bridge_receipts_total{result} of this
+// process (every bridge of this test binary counts).
 func receiptCount(t *testing.T, result string) float64 {
 	t.Helper()
-	families, err := ctrlmetrics.Registry.Gather()
+	v, err := stack.Counter("student_bridge_receipts_total", "result", result)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range families {
-		if f.GetName() != "student_bridge_receipts_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return v
 }

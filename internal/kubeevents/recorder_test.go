@@ -14,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/kubeevents"
@@ -82,23 +81,11 @@ func waitEvents(t *testing.T, ns string, n int) []eventsv1.Event {
 
 func counter(t *testing.T, result string) float64 {
 	t.Helper()
-	families, err := metrics.Registry.Gather()
+	v, err := stack.Counter("student_bridge_kubernetes_events_total", "result", result)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range families {
-		if f.GetName() != "student_bridge_kubernetes_events_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return v
 }
 
 func TestEventsAreWrittenOnTheStudent(t *testing.T) {

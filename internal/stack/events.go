@@ -14,6 +14,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/sink/natssink"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 // Received is one CloudEvent as a consumer sees it.
@@ -120,4 +121,26 @@ func Eventually(timeout time.Duration, cond func() error) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// Counter reads the counter name{label="value"} from controller-runtime's
+// metrics registry of this process (0 if it has not counted yet).
+func Counter(name, label, value string) (float64, error) {
+	families, err := crmetrics.Registry.Gather()
+	if err != nil {
+		return 0, err
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue(), nil
+				}
+			}
+		}
+	}
+	return 0, nil
 }
