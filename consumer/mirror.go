@@ -80,6 +80,13 @@ type MirrorOptions struct {
 	Subjects string
 	// ReceiptsBucket is where receipts go; default STUDENT_BRIDGE_RECEIPTS.
 	ReceiptsBucket string
+	// SnapshotSubject is the bridge's snapshot request subject, default
+	// student-bridge.snapshot; "none" never asks. When events the service
+	// has not seen have left the stream (its limits, e.g. maxAge), the
+	// rebuild asks the bridge for a snapshot of every Student first.
+	SnapshotSubject string
+	// SnapshotTimeout bounds the wait for the snapshot; default 1m.
+	SnapshotTimeout time.Duration
 	// RetryBaseDelay is the first wait before a failed change is retried
 	// (doubling up to RetryMaxDelay); defaults 500ms and 30s.
 	RetryBaseDelay time.Duration
@@ -100,6 +107,7 @@ type MirrorOptions struct {
 // reports each outcome as a receipt.
 type Mirror struct {
 	o   MirrorOptions
+	nc  *nats.Conn
 	js  jetstream.JetStream
 	rep *Reporter
 	log *slog.Logger
@@ -141,6 +149,8 @@ func NewMirror(nc *nats.Conn, o MirrorOptions) (*Mirror, error) {
 	o.Stream = cmp.Or(o.Stream, "STUDENTS")
 	o.Subjects = cmp.Or(o.Subjects, "student.>")
 	o.ReceiptsBucket = cmp.Or(o.ReceiptsBucket, studentv1.ReceiptsBucket)
+	o.SnapshotSubject = cmp.Or(o.SnapshotSubject, "student-bridge.snapshot")
+	o.SnapshotTimeout = cmp.Or(o.SnapshotTimeout, time.Minute)
 	o.RetryBaseDelay = cmp.Or(o.RetryBaseDelay, 500*time.Millisecond)
 	o.RetryMaxDelay = cmp.Or(o.RetryMaxDelay, 30*time.Second)
 	o.MaxAckPending = cmp.Or(o.MaxAckPending, 10000)
@@ -151,7 +161,7 @@ func NewMirror(nc *nats.Conn, o MirrorOptions) (*Mirror, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Mirror{o: o, js: js, log: o.Logger.With("service", o.Service), applied: map[string]*Desired{}}, nil
+	return &Mirror{o: o, nc: nc, js: js, log: o.Logger.With("service", o.Service), applied: map[string]*Desired{}}, nil
 }
 
 // State returns the desired state the handler has applied, by uid.
@@ -176,7 +186,9 @@ func (m *Mirror) Run(ctx context.Context) error {
 		return err
 	}
 	cons, err := stream.Consumer(ctx, m.o.Service)
+	created := false
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		created = true
 		cons, err = stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
 			Durable:       m.o.Service,
 			Description:   "student-bridge consumer.Mirror of service " + m.o.Service,
@@ -199,6 +211,16 @@ func (m *Mirror) Run(ctx context.Context) error {
 		return fmt.Errorf("consumer: stream %s: %w", m.o.Stream, err)
 	}
 	floor, last := info.AckFloor.Stream, sinfo.State.LastSeq
+	if sinfo.State.Msgs > 0 && (sinfo.State.FirstSeq > floor+1 || (created && sinfo.State.FirstSeq > 1)) && m.o.SnapshotSubject != "none" {
+		// Events the service has not seen have left the stream (a new
+		// consumer starts at the first event left): a Student whose last
+		// event went with them would stay unknown. The bridge's snapshot
+		// puts the current state of every Student into the stream, after
+		// which the rebuild finds them all.
+		if last, err = m.snapshot(ctx, stream, sinfo.State.FirstSeq); err != nil {
+			return err
+		}
+	}
 	m.lastStart = last
 
 	// What the service applied up to its acknowledged position, then one
@@ -250,6 +272,32 @@ func (m *Mirror) Run(ctx context.Context) error {
 			m.receive(ctx, d)
 		}
 	}
+}
+
+// snapshot asks the bridge for a snapshot and returns the stream's last
+// sequence once every snapshot event is in it.
+func (m *Mirror) snapshot(ctx context.Context, stream jetstream.Stream, firstSeq uint64) (uint64, error) {
+	body, _ := json.Marshal(studentv1.SnapshotRequest{})
+	rctx, cancel := context.WithTimeout(ctx, m.o.SnapshotTimeout)
+	defer cancel()
+	msg, err := m.nc.RequestWithContext(rctx, m.o.SnapshotSubject, body)
+	if err == nil {
+		var reply studentv1.SnapshotReply
+		if err = json.Unmarshal(msg.Data, &reply); err == nil && reply.Error != "" {
+			err = errors.New(reply.Error)
+		}
+		if err == nil {
+			m.log.Info("events the service has not seen left the stream; the bridge published a snapshot", "firstSequence", firstSeq, "snapshot", reply.Run, "students", reply.Published)
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("consumer: events from before sequence %d left the stream, and the snapshot request on %s failed (is the bridge running with snapshot requests?): %w", firstSeq, m.o.SnapshotSubject, err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("consumer: stream %s: %w", m.o.Stream, err)
+	}
+	return info.State.LastSeq, nil
 }
 
 // delivery is one message of the durable consumer, decoded.
@@ -371,7 +419,9 @@ func (m *Mirror) handle(ctx context.Context, uid string) {
 		_ = m.rep.Forget(ctx, uid)
 		m.settle(uid, nil)
 		return
-	case c.New != nil && old != nil && old.EventID == c.New.EventID:
+	case c.New != nil && old != nil && (old.EventID == c.New.EventID || sameState(old, c.New)):
+		// The same event, or one with the same state (a snapshot of a
+		// Student that did not change): nothing to apply.
 		m.settle(uid, c.New)
 		return
 	case p.catchUp && p.attempts == 0 && c.New != nil:
@@ -409,6 +459,10 @@ func (m *Mirror) handle(ctx context.Context, uid string) {
 		case <-ctx.Done():
 		}
 	})
+}
+
+func sameState(a, b *Desired) bool {
+	return a.Generation == b.Generation && a.Spec == b.Spec && maps.Equal(a.Labels, b.Labels)
 }
 
 // settle records uid's pending change as applied (newState nil: deleted)

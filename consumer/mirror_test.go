@@ -53,7 +53,8 @@ func (w *world) mirror(t *testing.T, service string, handler consumer.Handler) (
 	t.Helper()
 	m, err := consumer.NewMirror(w.nc, consumer.MirrorOptions{
 		Service: service, Handler: handler, Stream: w.cfg.NATS.Stream.Name, Subjects: w.cfg.NATS.SubjectPrefix + ".>",
-		ReceiptsBucket: w.cfg.Receipts.Bucket, RetryBaseDelay: 100 * time.Millisecond, RetryMaxDelay: time.Second,
+		ReceiptsBucket: w.cfg.Receipts.Bucket, SnapshotSubject: w.cfg.Snapshot.RequestSubject,
+		RetryBaseDelay: 100 * time.Millisecond, RetryMaxDelay: time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
@@ -203,6 +204,32 @@ func (w *world) waitAcked(t *testing.T, service string, seq uint64) {
 		}
 		if info.AckFloor.Stream < seq {
 			return fmt.Errorf("%s acknowledged up to %d, want %d", service, info.AckFloor.Stream, seq)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitLastSeq waits until the stream's last sequence is seq (its limits
+// may have dropped the first events).
+func (w *world) waitLastSeq(t *testing.T, seq uint64) {
+	t.Helper()
+	js, err := jetstream.New(w.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stack.Eventually(60*time.Second, func() error {
+		s, err := js.Stream(context.Background(), w.cfg.NATS.Stream.Name)
+		if err != nil {
+			return err
+		}
+		info, err := s.Info(context.Background())
+		if err != nil {
+			return err
+		}
+		if info.State.LastSeq != seq {
+			return fmt.Errorf("stream's last sequence %d, want %d", info.State.LastSeq, seq)
 		}
 		return nil
 	}); err != nil {
@@ -447,5 +474,57 @@ func waitStudent(t *testing.T, s *studentv1.Student, cond func(*studentv1.Studen
 	t.Helper()
 	if err := stack.Eventually(30*time.Second, func() error { return cond(getFresh(t, s)) }); err != nil {
 		t.Fatalf("%s: %v", s.Name, err)
+	}
+}
+
+// TestMirrorAsksForASnapshot: when events the service never saw have left
+// the stream (here its message limit; in a deployment its maxAge), the
+// rebuild asks the bridge for a snapshot and still ends with every Student.
+func TestMirrorAsksForASnapshot(t *testing.T) {
+	// 60 created (sequences 1-60), ten of them updated five times (61-110);
+	// the stream keeps 80 events, so s10-s29 have none left. The snapshot
+	// (60 more events) fits in what the stream keeps.
+	bw := bridgetest.StartWith(t, st, "aged", func(cfg *config.Config) { cfg.NATS.Stream.MaxMsgs = 80 })
+	w := &world{World: bw, ns: bw.Namespace, cfg: bw.Config, nc: bw.NC}
+	var students []*studentv1.Student
+	for i := range 60 {
+		students = append(students, create(t, w.ns, fmt.Sprintf("s%02d", i), "china"))
+	}
+	w.waitPublished(t, 60)
+	for round := range 5 {
+		for _, s := range students[:10] {
+			fresh := getFresh(t, s)
+			fresh.Spec.School = fmt.Sprintf("school-%d", round)
+			if err := st.Client.Update(context.Background(), fresh); err != nil {
+				t.Fatal(err)
+			}
+		}
+		w.waitLastSeq(t, uint64(60+10*(round+1)))
+	}
+	js, err := jetstream.New(w.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stack.Eventually(60*time.Second, func() error {
+		s, err := js.Stream(context.Background(), w.cfg.NATS.Stream.Name)
+		if err != nil {
+			return err
+		}
+		info, err := s.Info(context.Background())
+		if err != nil {
+			return err
+		}
+		if info.State.LastSeq != 110 || info.State.FirstSeq != 31 {
+			return fmt.Errorf("stream at sequences %d-%d, want 31-110", info.State.FirstSeq, info.State.LastSeq)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	m, _ := w.mirror(t, "late", rec.handle)
+	waitSame(t, w.ns, m)
+	if n := len(rec.take()); n != 60 {
+		t.Errorf("the rebuild handed over %d changes, want 60", n)
 	}
 }

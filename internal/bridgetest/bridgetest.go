@@ -36,6 +36,12 @@ type World struct {
 // it expects receipts from.
 func Start(t *testing.T, st *stack.Stack, prefix string, expected ...string) *World {
 	t.Helper()
+	return StartWith(t, st, prefix, func(cfg *config.Config) { cfg.Services.Expected = expected })
+}
+
+// StartWith is Start with the configuration changed by tweak first.
+func StartWith(t *testing.T, st *stack.Stack, prefix string, tweak func(*config.Config)) *World {
+	t.Helper()
 	ctx := context.Background()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
 	if err := st.Client.Create(ctx, ns); err != nil {
@@ -51,11 +57,14 @@ func Start(t *testing.T, st *stack.Stack, prefix string, expected ...string) *Wo
 	cfg.NATS.Stream.Name = "S_" + prefix
 	cfg.State.Bucket = "R_" + prefix
 	cfg.Receipts.Bucket = "RC_" + prefix
-	cfg.Services.Expected = expected
+	cfg.Snapshot.RequestSubject = "snapshot." + prefix
 	cfg.LeaderElection.Enabled = false
 	cfg.MetricsAddr, cfg.HealthAddr = "0", "0"
 	cfg.Retry.BaseDelay, cfg.Retry.MaxDelay = 50*time.Millisecond, 500*time.Millisecond
 	cfg.KubeAPIQPS, cfg.KubeAPIBurst = 1000, 2000
+	if tweak != nil {
+		tweak(cfg)
+	}
 	nc, err := nats.Connect(st.NATS.URL())
 	if err != nil {
 		t.Fatal(err)
