@@ -186,9 +186,7 @@ func (m *Mirror) Run(ctx context.Context) error {
 		return err
 	}
 	cons, err := stream.Consumer(ctx, m.o.Service)
-	created := false
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		created = true
 		cons, err = stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
 			Durable:       m.o.Service,
 			Description:   "student-bridge consumer.Mirror of service " + m.o.Service,
@@ -211,12 +209,15 @@ func (m *Mirror) Run(ctx context.Context) error {
 		return fmt.Errorf("consumer: stream %s: %w", m.o.Stream, err)
 	}
 	floor, last := info.AckFloor.Stream, sinfo.State.LastSeq
-	if sinfo.State.Msgs > 0 && (sinfo.State.FirstSeq > floor+1 || (created && sinfo.State.FirstSeq > 1)) && m.o.SnapshotSubject != "none" {
-		// Events the service has not seen have left the stream (a new
-		// consumer starts at the first event left): a Student whose last
-		// event went with them would stay unknown. The bridge's snapshot
-		// puts the current state of every Student into the stream, after
-		// which the rebuild finds them all.
+	// A consumer that never delivered anything is a new service's (or one
+	// whose first rebuild did not finish): the server starts it at the
+	// first event the stream still holds.
+	fresh := info.Delivered.Consumer == 0
+	if sinfo.State.Msgs > 0 && (sinfo.State.FirstSeq > floor+1 || (fresh && sinfo.State.FirstSeq > 1)) && m.o.SnapshotSubject != "none" {
+		// Events the service has not seen have left the stream: a Student
+		// whose last event went with them would stay unknown. The bridge's
+		// snapshot puts the current state of every Student into the
+		// stream, after which the rebuild finds them all.
 		if last, err = m.snapshot(ctx, stream, sinfo.State.FirstSeq); err != nil {
 			return err
 		}
