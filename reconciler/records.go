@@ -114,6 +114,37 @@ func (r *Records) Load(ctx context.Context, store sink.Store, seed func(context.
 	return nil
 }
 
+// ReloadWhere replaces the records for which in is true with what the
+// store holds: a replica that gained a shard takes over the records
+// another replica wrote.
+func (r *Records) ReloadWhere(ctx context.Context, in func(studentv1.StudentRecord) bool) error {
+	if err := r.Wait(ctx); err != nil {
+		return err
+	}
+	all, err := r.store.Load(ctx)
+	if err != nil {
+		storeOps.WithLabelValues("load", resultError).Inc()
+		return fmt.Errorf("reload records: %w", err)
+	}
+	storeOps.WithLabelValues("load", resultSuccess).Inc()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for uid, e := range r.byUID {
+		if in(e.rec) {
+			r.dropLocked(uid)
+		}
+	}
+	for _, rec := range all {
+		var sr studentv1.StudentRecord
+		if err := json.Unmarshal(rec.Value, &sr); err != nil || sr.UID == "" || string(sr.UID) != rec.Key || !in(sr) {
+			continue
+		}
+		r.setLocked(sr, rec.Revision, true)
+	}
+	recordsGauge.Set(float64(len(r.byUID)))
+	return nil
+}
+
 // Wait blocks until the first Load finished.
 func (r *Records) Wait(ctx context.Context) error {
 	select {

@@ -44,6 +44,9 @@ type StatusWriter struct {
 	QPS float64
 	// Busy reports that changes are waiting; nil never waits.
 	Busy func() bool
+	// Owns says whether this replica writes key's status (its shard);
+	// nil writes every Student's.
+	Owns func(types.NamespacedName) bool
 	Log  logr.Logger
 
 	queue   workqueue.TypedInterface[types.NamespacedName]
@@ -94,6 +97,9 @@ func (w *StatusWriter) Start(ctx context.Context) error {
 }
 
 func (w *StatusWriter) write(ctx context.Context, key types.NamespacedName) error {
+	if w.Owns != nil && !w.Owns(key) {
+		return nil
+	}
 	var stu studentv1.Student
 	if err := w.Client.Get(ctx, key, &stu); err != nil {
 		return client.IgnoreNotFound(err)

@@ -64,6 +64,9 @@ type StudentReconciler struct {
 	Status *StatusWriter
 	// Receipts is what services reported; nil when receipts are off.
 	Receipts *Receipts
+	// Shards, when not nil, says which Students this replica publishes
+	// for (active-active replicas); nil publishes for every Student.
+	Shards ShardOwner
 	// Cluster names the cluster in the CloudEvent source.
 	Cluster string
 	// Now returns the current time; time.Now when nil.
@@ -94,7 +97,21 @@ func (r *StudentReconciler) InFlight() int { return int(r.inFlight.Load()) }
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Reconcile publishes the change the Student's current state needs, if any.
-func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
+	if r.Shards != nil {
+		done, ok := r.Shards.Begin(req.NamespacedName)
+		if !ok {
+			return ctrl.Result{}, nil // another replica's; queued again when its shard comes here
+		}
+		defer done()
+		defer func() {
+			// Another replica wrote this Student's record: it holds the
+			// shard now, and this replica must stop publishing for it.
+			if errors.Is(err, sink.ErrConflict) {
+				r.Shards.Lost(req.NamespacedName)
+			}
+		}()
+	}
 	r.inFlight.Add(1)
 	defer r.inFlight.Add(-1)
 	timeout := r.Timeout
@@ -478,6 +495,46 @@ func (r *StudentReconciler) CatchUp(ctx context.Context, cached client.Reader) (
 		}
 	}
 	return n, nil
+}
+
+// ShardOwner is the part of shard ownership the reconciler asks: whether
+// a Student is this replica's (Begin; done ends the work), and that a
+// shard was lost to another replica (Lost).
+type ShardOwner interface {
+	Begin(key types.NamespacedName) (done func(), ok bool)
+	Lost(key types.NamespacedName)
+}
+
+// EnqueueShard queues every Student the cache has, and every record
+// without a Student, for which in is true: what a replica that gained a
+// shard must look at.
+func (r *StudentReconciler) EnqueueShard(ctx context.Context, cached client.Reader, in func(types.NamespacedName) bool) (int, error) {
+	var list studentv1.StudentList
+	if err := cached.List(ctx, &list); err != nil {
+		return 0, fmt.Errorf("list cached students: %w", err)
+	}
+	live := make(map[types.UID]bool, len(list.Items))
+	var objs []*studentv1.Student
+	for i := range list.Items {
+		s := &list.Items[i]
+		live[s.UID] = true
+		if in(client.ObjectKeyFromObject(s)) {
+			objs = append(objs, s)
+		}
+	}
+	for _, rec := range r.Records.All() {
+		if !live[types.UID(rec.UID)] && in(types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}) {
+			objs = append(objs, recordedStudent(rec))
+		}
+	}
+	for _, o := range objs {
+		select {
+		case r.catchUp <- event.TypedGenericEvent[*studentv1.Student]{Object: o}:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	return len(objs), nil
 }
 
 // SetupWithManager registers the reconciler with mgr.

@@ -95,6 +95,11 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	if err := mgr.Add(&recordLoader{nc: nc, cfg: cfg, selector: selector, mgr: mgr, r: r, log: log.WithName("records")}); err != nil {
 		return err
 	}
+	if cfg.Shards.Count > 1 {
+		if err := addShards(mgr, cfg, restCfg, r, log); err != nil {
+			return err
+		}
+	}
 	if cfg.Receipts.Bucket != "" {
 		r.Receipts = reconciler.NewReceipts(cfg.Services.Expected, nil)
 		if err := mgr.Add(&receiptWatch{nc: nc, cfg: cfg, mgr: mgr, r: r, log: log.WithName("receipts")}); err != nil {
@@ -239,8 +244,11 @@ func newManager(cfg *config.Config, restCfg *rest.Config, selector labels.Select
 		students.Label = selector
 	}
 	cacheOpts.ByObject = map[client.Object]cache.ByObject{&studentv1.Student{}: students}
+	// With shards, every replica publishes (for the shards it holds): no
+	// leader for the whole manager.
+	leaderElection := cfg.LeaderElection.Enabled && cfg.Shards.Count <= 1
 	leNamespace := ""
-	if cfg.LeaderElection.Enabled {
+	if leaderElection {
 		leNamespace = leaseNamespace(cfg)
 	}
 	grace := cfg.ShutdownTimeout
@@ -251,7 +259,7 @@ func newManager(cfg *config.Config, restCfg *rest.Config, selector labels.Select
 		Metrics:                 metricsserver.Options{BindAddress: cfg.MetricsAddr},
 		HealthProbeBindAddress:  cfg.HealthAddr,
 		PprofBindAddress:        cfg.PprofAddr,
-		LeaderElection:          cfg.LeaderElection.Enabled,
+		LeaderElection:          leaderElection,
 		LeaderElectionID:        cfg.LeaderElection.ID,
 		LeaderElectionNamespace: leNamespace,
 		// Step down at once on SIGTERM so a standby takes over without

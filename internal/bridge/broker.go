@@ -125,13 +125,19 @@ func (l *recordLoader) Start(ctx context.Context) error {
 		if store, err = natssink.EnsureBucket(ctx, l.nc, bucket, l.cfg.State.Create); err != nil {
 			return err
 		}
+		if err := checkShardCount(ctx, store, l.cfg.Shards.Count); err != nil {
+			return err
+		}
 		start := time.Now()
 		if err := l.r.Records.Load(ctx, store, reconciler.SeedFromStatus(l.mgr.GetAPIReader(), l.cfg.Namespaces, l.selector)); err != nil {
 			return err
 		}
 		l.log.Info("record store loaded", "bucket", bucket.Name, "records", l.r.Records.Len(), "took", time.Since(start).String())
 		return nil
-	}, natssink.ErrBucketShape)
+	}, natssink.ErrBucketShape, errShardCount)
+	if errors.Is(err, errShardCount) {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("config key state.bucket: %w", err)
 	}

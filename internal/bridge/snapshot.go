@@ -38,7 +38,9 @@ func (s *snapshotServer) Start(ctx context.Context) error {
 		return nil
 	}
 	if s.subject != "" {
-		sub, err := s.nc.Subscribe(s.subject, func(msg *nats.Msg) { go s.serve(ctx, msg) })
+		// A queue group: with active-active replicas (shards), one of them
+		// answers each request.
+		sub, err := s.nc.QueueSubscribe(s.subject, "student-bridge", func(msg *nats.Msg) { go s.serve(ctx, msg) })
 		if err != nil {
 			return fmt.Errorf("subscribe to snapshot requests on %s: %w", s.subject, err)
 		}

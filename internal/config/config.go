@@ -43,6 +43,7 @@ type Config struct {
 	ShutdownTimeout     time.Duration  `mapstructure:"shutdownTimeout"`
 	Snapshot            Snapshot       `mapstructure:"snapshot"`
 	Receipts            Receipts       `mapstructure:"receipts"`
+	Shards              Shards         `mapstructure:"shards"`
 	Services            Services       `mapstructure:"services"`
 	State               State          `mapstructure:"state"`
 	Deletes             Deletes        `mapstructure:"deletes"`
@@ -68,6 +69,11 @@ type Deletes struct {
 type Status struct {
 	Enabled bool    `mapstructure:"enabled"`
 	QPS     float64 `mapstructure:"qps"`
+}
+
+// Shards configures active-active replicas.
+type Shards struct {
+	Count int `mapstructure:"count"`
 }
 
 // Receipts configures the bucket where services report what they applied.
@@ -237,6 +243,7 @@ var Settings = []Setting{
 	{"status.qps", "status-qps", float64(10), "Most status writes per second; writes are coalesced per Student and wait while changes are waiting. Failures are written first."},
 	{"snapshot.onStartup", "snapshot-on-startup", false, "Publish a snapshot event (student.snapshot) of every Student when the bridge becomes leader."},
 	{"snapshot.requestSubject", "snapshot-request-subject", "student-bridge.snapshot", "NATS subject on which the leader answers snapshot requests; empty disables them. Must not be under the stream's subjects."},
+	{"shards.count", "shards", 1, "1: one replica (the leader, leaderElection) publishes for every Student. More: every replica publishes, the Students shared out by this many shards (a hash of namespace/name), one Lease per shard (named <leaderElection.id>-shard-<n>, timed by leaderElection.*). All replicas and the record store must agree on it."},
 	{"receipts.bucket", "receipts-bucket", "STUDENT_BRIDGE_RECEIPTS", "JetStream key-value bucket where services report what they applied (key <service>.<uid>); shown on the Student's status. Empty disables receipts."},
 	{"receipts.create", "receipts-create", true, "Create the receipts bucket if it is missing (like the record store: state.storage, state.replicas). An existing bucket is never changed."},
 	{"services.expected", "expected-services", []string{}, "Services that must report a change applied before the Student shows InSync, comma separated. Receipts of other services are shown but not required."},
@@ -559,6 +566,12 @@ func (c *Config) Validate() error {
 		return bad("receipts.bucket", "%q must be only letters, digits, '_' and '-'", c.Receipts.Bucket)
 	case c.Receipts.Bucket != "" && c.Receipts.Bucket == c.State.Bucket:
 		return bad("receipts.bucket", "%q is the record store's bucket (state.bucket)", c.Receipts.Bucket)
+	case c.Shards.Count < 1 || c.Shards.Count > 1024:
+		return bad("shards.count", "%d: want 1 to 1024", c.Shards.Count)
+	case c.Shards.Count > 1 && c.Snapshot.OnStartup:
+		return bad("snapshot.onStartup", "every replica would publish a snapshot with shards.count %d; request one instead (snapshot.requestSubject)", c.Shards.Count)
+	case c.Shards.Count > 1 && (c.LeaderElection.RetryPeriod <= 0 || c.LeaderElection.LeaseDuration <= 2*c.LeaderElection.RetryPeriod):
+		return bad("leaderElection.leaseDuration", "%s must be more than twice leaderElection.retryPeriod (%s) for shard Leases", c.LeaderElection.LeaseDuration, c.LeaderElection.RetryPeriod)
 	case len(c.Services.Expected) > 0 && c.Receipts.Bucket == "":
 		return bad("services.expected", "needs receipts.bucket")
 	case strings.ContainsAny(c.Snapshot.RequestSubject, " \t*>"):

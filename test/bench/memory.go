@@ -333,8 +333,8 @@ func writeReceipts(ctx context.Context, e *env, stream string, services []string
 			break
 		}
 		var rec studentv1.StudentRecord
-		if err := json.Unmarshal(entry.Value(), &rec); err != nil {
-			return n, err
+		if json.Unmarshal(entry.Value(), &rec) != nil || rec.UID != entry.Key() {
+			continue // not a record (config.shards)
 		}
 		for _, svc := range services {
 			b, _ := json.Marshal(studentv1.Receipt{Service: svc, UID: rec.UID, Namespace: rec.Namespace, Name: rec.Name,

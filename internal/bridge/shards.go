@@ -1,0 +1,109 @@
+package bridge
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/go-logr/logr"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/shards"
+	"github.com/student-bridge/student-bridge/reconciler"
+	"github.com/student-bridge/student-bridge/sink"
+)
+
+// shardsKey holds, in the record store, the number of shards the records
+// were written under; it is no Student uid, so loading records skips it.
+const shardsKey = "config.shards"
+
+// addShards makes this replica one of several active ones: it publishes,
+// writes status and removes finalizers only for the Students of the shards
+// whose Leases it holds.
+func addShards(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config, r *reconciler.StudentReconciler, log logr.Logger) error {
+	c, err := client.New(restCfg, client.Options{Scheme: Scheme()})
+	if err != nil {
+		return err
+	}
+	count := cfg.Shards.Count
+	of := func(key types.NamespacedName) int { return shards.Of(key.Namespace, key.Name, count) }
+	m := shards.New(shards.Options{
+		Client: c, Namespace: leaseNamespace(cfg), Name: cfg.LeaderElection.ID, Count: count, Identity: identity(),
+		LeaseDuration: cfg.LeaderElection.LeaseDuration, RetryPeriod: cfg.LeaderElection.RetryPeriod,
+		Load: func(ctx context.Context, n int) error {
+			return r.Records.ReloadWhere(ctx, func(rec studentv1.StudentRecord) bool {
+				return of(types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}) == n
+			})
+		},
+		Enqueue: func(ctx context.Context, n int) {
+			if !mgr.GetCache().WaitForCacheSync(ctx) {
+				return
+			}
+			if _, err := r.EnqueueShard(ctx, mgr.GetClient(), func(key types.NamespacedName) bool { return of(key) == n }); err != nil && ctx.Err() == nil {
+				log.Error(err, "queueing the Students of a gained shard", "shard", n)
+			}
+		},
+		Log: log.WithName("shards"),
+	})
+	r.Shards = m
+	if r.Status != nil {
+		r.Status.Owns = m.Owns
+	}
+	return mgr.Add(m)
+}
+
+// errShardCount: the record store was written with another number of
+// shards.
+var errShardCount = errors.New("shard count differs from the record store's")
+
+// checkShardCount records the number of shards in the record store, or
+// refuses to run with another number than the one recorded there.
+func checkShardCount(ctx context.Context, store sink.Store, count int) error {
+	rec, err := store.Get(ctx, shardsKey)
+	switch {
+	case errors.Is(err, sink.ErrNotFound):
+		_, err = store.Put(ctx, shardsKey, []byte(strconv.Itoa(count)), 0)
+		if errors.Is(err, sink.ErrConflict) {
+			return checkShardCount(ctx, store, count) // another replica wrote it first
+		}
+		return err
+	case err != nil:
+		return err
+	}
+	if got, _ := strconv.Atoi(string(rec.Value)); got != count {
+		return fmt.Errorf("%w: config key shards.count is %d, but the record store was written with %q shards; every replica must use the same (to change it, stop every replica and delete the key %s of the bucket)", errShardCount, count, rec.Value, shardsKey)
+	}
+	return nil
+}
+
+// identity names this replica among the shard Leases: the host (the pod's
+// name in a cluster) and a random suffix, so a restarted pod is a new
+// member.
+func identity() string {
+	host, _ := os.Hostname()
+	host = strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r - 'A' + 'a'
+		}
+		return '-'
+	}, host)
+	if len(host) > 40 {
+		host = host[:40]
+	}
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return strings.Trim(host, "-") + "-" + hex.EncodeToString(b)
+}

@@ -1,0 +1,382 @@
+// Package shards shares the Students out among active-active bridge
+// replicas. There is a fixed number of shards; a Student's shard is a
+// stable hash of its namespace/name (Of). Every shard has a Lease,
+// contested by every replica; a replica takes at most its fair share
+// (shards / live replicas, one more for some) while others are live, and
+// an abandoned shard once its Lease expired. Replicas announce themselves with a member
+// Lease each, which is how they count each other.
+package shards
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+var (
+	shardsHeld = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "student_bridge_shards_held",
+		Help: "Shards this replica holds (publishes for).",
+	})
+	handovers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "student_bridge_shard_handovers_total",
+		Help: "Shards this replica took (acquired) or gave up (released, lost), by kind.",
+	}, []string{"kind"})
+)
+
+func init() {
+	metrics.Registry.MustRegister(shardsHeld, handovers)
+}
+
+// Of is the shard of the Student namespace/name among count shards: the
+// 32-bit FNV-1a hash of "namespace/name", modulo count.
+func Of(namespace, name string, count int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(namespace + "/" + name))
+	return int(h.Sum32() % uint32(count))
+}
+
+// Labels on the Leases: which bridge they belong to, and their role.
+const (
+	labelBridge = "student-bridge.example.k8s.io/bridge"
+	labelRole   = "student-bridge.example.k8s.io/role"
+)
+
+// Options configure a Manager.
+type Options struct {
+	// Client reads and writes Leases; it should not be a cache.
+	Client client.Client
+	// Namespace of the Leases; Name prefixes them: <Name>-shard-<n> and
+	// <Name>-member-<identity>.
+	Namespace, Name string
+	Count           int
+	// Identity names this replica (unique among the live ones).
+	Identity string
+	// LeaseDuration: a Lease not renewed for this long is free.
+	// RetryPeriod: how often Leases are renewed and contested.
+	LeaseDuration, RetryPeriod time.Duration
+	// Load prepares a shard this replica gained (its records); the shard
+	// counts as held only once it returned nil.
+	Load func(ctx context.Context, shard int) error
+	// Enqueue queues the Students of a shard this replica now holds.
+	Enqueue func(ctx context.Context, shard int)
+	Log     logr.Logger
+}
+
+// Manager holds this replica's shards.
+type Manager struct {
+	o Options
+
+	mu       sync.Mutex
+	idle     *sync.Cond
+	owned    []bool
+	inflight []int
+	leases   map[int]*coordinationv1.Lease // held here
+}
+
+// New returns a Manager; add it to the controller manager to run it.
+func New(o Options) *Manager {
+	m := &Manager{o: o, owned: make([]bool, o.Count), inflight: make([]int, o.Count), leases: map[int]*coordinationv1.Lease{}}
+	m.idle = sync.NewCond(&m.mu)
+	return m
+}
+
+// Shard is the shard of key.
+func (m *Manager) Shard(key types.NamespacedName) int { return Of(key.Namespace, key.Name, m.o.Count) }
+
+// Owns reports whether this replica holds key's shard.
+func (m *Manager) Owns(key types.NamespacedName) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.owned[m.Shard(key)]
+}
+
+// Begin marks work on key in flight, if this replica holds its shard; done
+// ends it. A shard is given up only once its work in flight ended.
+func (m *Manager) Begin(key types.NamespacedName) (done func(), ok bool) {
+	n := m.Shard(key)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.owned[n] {
+		return nil, false
+	}
+	m.inflight[n]++
+	return func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.inflight[n]--
+		m.idle.Broadcast()
+	}, true
+}
+
+// Lost gives up key's shard at once, without waiting for its Lease: a
+// record write conflicted, so another replica has taken it.
+func (m *Manager) Lost(key types.NamespacedName) {
+	n := m.Shard(key)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.owned[n] {
+		m.o.Log.Info("a record write conflicted: another replica holds the shard; giving it up", "shard", n)
+		m.owned[n] = false
+		delete(m.leases, n)
+		handovers.WithLabelValues("lost").Inc()
+		shardsHeld.Set(float64(m.countLocked()))
+	}
+}
+
+// Held lists the shards held here.
+func (m *Manager) Held() []int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []int
+	for n, o := range m.owned {
+		if o {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// NeedLeaderElection is false: every replica contests shards.
+func (m *Manager) NeedLeaderElection() bool { return false }
+
+// Start contests shards until ctx is done, then gives up every shard
+// (after its work in flight) and releases the Leases, so the other
+// replicas take over within a retry period.
+func (m *Manager) Start(ctx context.Context) error {
+	tick := time.NewTicker(m.o.RetryPeriod)
+	defer tick.Stop()
+	for {
+		if err := m.step(ctx); err != nil && ctx.Err() == nil {
+			m.o.Log.Info("contesting shards failed; retrying", "reason", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			m.releaseAll()
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+func (m *Manager) shardLease(n int) string { return fmt.Sprintf("%s-shard-%d", m.o.Name, n) }
+
+func (m *Manager) step(ctx context.Context) error {
+	now := time.Now()
+	if err := m.renewMember(ctx, now); err != nil {
+		return err
+	}
+	var list coordinationv1.LeaseList
+	if err := m.o.Client.List(ctx, &list, client.InNamespace(m.o.Namespace), client.MatchingLabels{labelBridge: m.o.Name}); err != nil {
+		return fmt.Errorf("list Leases: %w", err)
+	}
+	members := map[string]bool{m.o.Identity: true} // live replicas
+	shards := map[int]*coordinationv1.Lease{}
+	for i := range list.Items {
+		l := &list.Items[i]
+		switch l.Labels[labelRole] {
+		case "member":
+			if !expired(l, now) {
+				members[holder(l)] = true
+			}
+		case "shard":
+			if n, err := strconv.Atoi(l.Annotations[labelRole+"-shard"]); err == nil && n >= 0 && n < m.o.Count {
+				shards[n] = l
+			}
+		}
+	}
+	// Every live replica has a target: count/live shards, one more for
+	// the first count%live of them by identity. The targets add up to
+	// count, so the shares settle without further coordination.
+	ids := make([]string, 0, len(members))
+	for id := range members {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	target := m.o.Count / len(ids)
+	if sort.SearchStrings(ids, m.o.Identity) < m.o.Count%len(ids) {
+		target++
+	}
+
+	// Renew what is held; what another replica holds now is lost.
+	for _, n := range m.Held() {
+		l := shards[n]
+		if l == nil || holder(l) != m.o.Identity {
+			m.giveUp(n, "lost")
+			continue
+		}
+		l.Spec.RenewTime = &metav1.MicroTime{Time: now}
+		if err := m.o.Client.Update(ctx, l); err != nil {
+			m.giveUp(n, "lost")
+			continue
+		}
+	}
+	held := m.Held()
+	// More than the target: release the rest.
+	for i := target; i < len(held); i++ {
+		n := held[len(held)-1-(i-target)]
+		m.giveUp(n, "released")
+		if l := shards[n]; l != nil {
+			l.Spec.HolderIdentity = ptr.To("")
+			_ = m.o.Client.Update(ctx, l)
+		}
+	}
+	// Take free or abandoned shards up to the fair share.
+	free := []int{}
+	for n := range m.o.Count {
+		l := shards[n]
+		if l == nil || holder(l) == "" || expired(l, now) {
+			free = append(free, n)
+		}
+	}
+	sort.Ints(free)
+	for _, n := range free {
+		if len(m.Held()) >= target {
+			break
+		}
+		if err := m.acquire(ctx, n, shards[n], now); err != nil {
+			continue
+		}
+	}
+	shardsHeld.Set(float64(len(m.Held())))
+	return nil
+}
+
+// acquire takes shard n (Lease l, nil if it does not exist yet) with a
+// conditional write, then loads it and queues its Students.
+func (m *Manager) acquire(ctx context.Context, n int, l *coordinationv1.Lease, now time.Time) error {
+	dur := int32(m.o.LeaseDuration / time.Second)
+	if l == nil {
+		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: m.o.Namespace, Name: m.shardLease(n),
+			Labels:      map[string]string{labelBridge: m.o.Name, labelRole: "shard"},
+			Annotations: map[string]string{labelRole + "-shard": strconv.Itoa(n)}}}
+		m.fill(l, now, dur)
+		if err := m.o.Client.Create(ctx, l); err != nil {
+			return err
+		}
+	} else {
+		m.fill(l, now, dur)
+		if err := m.o.Client.Update(ctx, l); err != nil {
+			return err // another replica was quicker
+		}
+	}
+	if err := m.o.Load(ctx, n); err != nil {
+		m.o.Log.Info("loading a gained shard failed; releasing it", "shard", n, "reason", err.Error())
+		l.Spec.HolderIdentity = ptr.To("")
+		_ = m.o.Client.Update(ctx, l)
+		return err
+	}
+	m.mu.Lock()
+	m.owned[n] = true
+	m.leases[n] = l
+	m.mu.Unlock()
+	handovers.WithLabelValues("acquired").Inc()
+	m.o.Log.Info("holding shard", "shard", n)
+	go m.o.Enqueue(ctx, n)
+	return nil
+}
+
+func (m *Manager) fill(l *coordinationv1.Lease, now time.Time, dur int32) {
+	if holder(l) != m.o.Identity {
+		l.Spec.LeaseTransitions = ptr.To(ptr.Deref(l.Spec.LeaseTransitions, 0) + 1)
+		l.Spec.AcquireTime = &metav1.MicroTime{Time: now}
+	}
+	l.Spec.HolderIdentity = ptr.To(m.o.Identity)
+	l.Spec.LeaseDurationSeconds = ptr.To(max(dur, 1))
+	l.Spec.RenewTime = &metav1.MicroTime{Time: now}
+}
+
+// giveUp stops publishing for shard n and waits for its work in flight.
+func (m *Manager) giveUp(n int, kind string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.owned[n] {
+		return
+	}
+	m.owned[n] = false
+	delete(m.leases, n)
+	for m.inflight[n] > 0 {
+		m.idle.Wait()
+	}
+	handovers.WithLabelValues(kind).Inc()
+	m.o.Log.Info("gave up shard", "shard", n, "why", kind)
+}
+
+func (m *Manager) renewMember(ctx context.Context, now time.Time) error {
+	name := m.o.Name + "-member-" + m.o.Identity
+	var l coordinationv1.Lease
+	err := m.o.Client.Get(ctx, client.ObjectKey{Namespace: m.o.Namespace, Name: name}, &l)
+	if apierrors.IsNotFound(err) {
+		l = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: m.o.Namespace, Name: name,
+			Labels: map[string]string{labelBridge: m.o.Name, labelRole: "member"}}}
+		m.fill(&l, now, int32(m.o.LeaseDuration/time.Second))
+		return m.o.Client.Create(ctx, &l)
+	}
+	if err != nil {
+		return fmt.Errorf("read member Lease: %w", err)
+	}
+	m.fill(&l, now, int32(m.o.LeaseDuration/time.Second))
+	return m.o.Client.Update(ctx, &l)
+}
+
+// releaseAll gives up every shard and frees its Lease, and removes the
+// member Lease, on a graceful shutdown.
+func (m *Manager) releaseAll() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	m.mu.Lock()
+	held := map[int]*coordinationv1.Lease{}
+	for n, l := range m.leases {
+		held[n] = l
+	}
+	m.mu.Unlock()
+	var errs []error
+	for n, l := range held {
+		m.giveUp(n, "released")
+		var fresh coordinationv1.Lease
+		if err := m.o.Client.Get(ctx, client.ObjectKeyFromObject(l), &fresh); err == nil && holder(&fresh) == m.o.Identity {
+			fresh.Spec.HolderIdentity = ptr.To("")
+			errs = append(errs, m.o.Client.Update(ctx, &fresh))
+		}
+	}
+	member := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: m.o.Namespace, Name: m.o.Name + "-member-" + m.o.Identity}}
+	errs = append(errs, client.IgnoreNotFound(m.o.Client.Delete(ctx, member)))
+	if err := errors.Join(errs...); err != nil {
+		m.o.Log.Info("releasing the shards' Leases failed; they expire instead", "reason", err.Error())
+	}
+	shardsHeld.Set(0)
+}
+
+func holder(l *coordinationv1.Lease) string { return ptr.Deref(l.Spec.HolderIdentity, "") }
+
+func expired(l *coordinationv1.Lease, now time.Time) bool {
+	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+		return true
+	}
+	return now.After(l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second))
+}
+
+func (m *Manager) countLocked() int {
+	n := 0
+	for _, o := range m.owned {
+		if o {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,146 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"syscall"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/student-bridge/student-bridge/internal/stack"
+)
+
+// shardHolders counts the shards each replica holds, from the shard
+// Leases (kubectl get leases shows the same).
+func shardHolders(w *world) (map[string]int, error) {
+	var list coordinationv1.LeaseList
+	if err := w.st.Client.List(context.Background(), &list, client.InNamespace("default"),
+		client.MatchingLabels{"student-bridge.example.k8s.io/role": "shard"}); err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for _, l := range list.Items {
+		if h := l.Spec.HolderIdentity; h != nil && *h != "" && l.Spec.RenewTime != nil &&
+			time.Since(l.Spec.RenewTime.Time) < time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second {
+			out[*h]++
+		}
+	}
+	return out, nil
+}
+
+// waitShares waits until replicas hold all 16 shards between lo and hi
+// each, and returns how long that took.
+func waitShares(t *testing.T, w *world, replicas, lo, hi int) time.Duration {
+	t.Helper()
+	t0 := time.Now()
+	if err := stack.Eventually(60*time.Second, func() error {
+		h, err := shardHolders(w)
+		if err != nil {
+			return err
+		}
+		var counts []int
+		total := 0
+		for _, n := range h {
+			counts = append(counts, n)
+			total += n
+		}
+		sort.Ints(counts)
+		if len(h) != replicas || total != 16 || counts[0] < lo || counts[len(counts)-1] > hi {
+			return fmt.Errorf("shards held %v (want %d replicas with %d-%d of 16)", h, replicas, lo, hi)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return time.Since(t0)
+}
+
+// TestShardsActiveActive: three replicas share 16 shards, 5-6 each, and
+// publish a burst completely; one SIGKILLed mid-burst, the other two take
+// its shards once their Leases expired, and the stream still holds every
+// final state and every delete.
+func TestShardsActiveActive(t *testing.T) {
+	w := newWorld(t)
+	args := w.bridgeArgs(w.admin, "--shards=16", "--leader-election-namespace=default",
+		"--leader-election-lease-duration=4s", "--leader-election-renew-deadline=3s", "--leader-election-retry-period=1s")
+	var ps []*proc
+	for range 3 {
+		ps = append(ps, start(t, t.TempDir(), args...))
+	}
+	waitShares(t, w, 3, 5, 6)
+	burst(t, w, "default", "pre", 30, nil)
+	w.waitVerified(t, "default", 60*time.Second)
+
+	var killed time.Time
+	burst(t, w, "default", "kill", 30, func(i int) {
+		if i == 10 {
+			if err := ps[0].stop(t, syscall.SIGKILL); err == nil {
+				t.Fatal("SIGKILL reported a clean exit")
+			}
+			killed = time.Now()
+		}
+	})
+	r := w.waitVerified(t, "default", 90*time.Second)
+	r.Recovery = time.Since(killed)
+	waitShares(t, w, 2, 8, 8)
+	t.Logf("fault report: one of three replicas SIGKILLed mid-burst (lease 4s, retry 1s): every final state published %s after the kill; %s", r.Recovery.Round(100*time.Millisecond), r)
+
+	// A graceful stop releases its shards at once.
+	if err := ps[1].stop(t, syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM: %v", err)
+	}
+	stopped := time.Now()
+	took := waitShares(t, w, 1, 16, 16)
+	burst(t, w, "default", "after", 9, nil)
+	w.waitVerified(t, "default", 60*time.Second)
+	t.Logf("fault report: a replica stopped with SIGTERM: the last one held all 16 shards %s later", (time.Since(stopped) - 0*took).Round(100*time.Millisecond))
+}
+
+// TestShardsStaleOwner: a replica frozen (SIGSTOP) past its Leases comes
+// back (SIGCONT) not knowing it lost its shards: it gives them up on its
+// next renewal or on its first record write that conflicts, and nothing
+// is lost; then replicas are restarted one at a time (SIGTERM), and every
+// final state is still published.
+func TestShardsStaleOwner(t *testing.T) {
+	w := newWorld(t)
+	args := w.bridgeArgs(w.admin, "--shards=16", "--leader-election-namespace=default",
+		"--leader-election-lease-duration=4s", "--leader-election-renew-deadline=3s", "--leader-election-retry-period=1s")
+	var ps []*proc
+	for range 3 {
+		ps = append(ps, start(t, t.TempDir(), args...))
+	}
+	waitShares(t, w, 3, 5, 6)
+
+	if err := ps[0].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	frozen := time.Now()
+	burst(t, w, "default", "frozen", 30, nil)
+	waitShares(t, w, 2, 8, 8)
+	takeover := time.Since(frozen)
+	w.waitVerified(t, "default", 60*time.Second)
+	if err := ps[0].cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	burst(t, w, "default", "back", 30, nil)
+	r := w.waitVerified(t, "default", 60*time.Second)
+	waitShares(t, w, 3, 5, 6)
+	t.Logf("fault report: a replica frozen past its Leases (lease 4s): its shards taken over %s after the freeze; back, it shares again; %s", takeover.Round(100*time.Millisecond), r)
+
+	// Rolling restart: each replica in turn stopped gracefully and started
+	// again while Students change.
+	for i := range ps {
+		if err := ps[i].stop(t, syscall.SIGTERM); err != nil {
+			t.Fatalf("SIGTERM replica %d: %v", i, err)
+		}
+		burst(t, w, "default", fmt.Sprintf("roll%d", i), 9, nil)
+		ps[i] = start(t, t.TempDir(), args...)
+		waitShares(t, w, 3, 5, 6)
+	}
+	r = w.waitVerified(t, "default", 60*time.Second)
+	t.Logf("fault report: rolling restart of three replicas: %s", r)
+}
