@@ -475,8 +475,9 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 	if err := st.Client.Delete(ctx, deleting); err != nil {
 		t.Fatal(err)
 	}
-	// The Lease a bridge that stepped down leaves behind.
-	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "student-bridge.example.k8s.io"},
+	// A shard Lease that replicas which stopped leave behind.
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "student-bridge.example.k8s.io-shard-3",
+		Labels: map[string]string{"student-bridge.example.k8s.io/bridge": "student-bridge.example.k8s.io", "student-bridge.example.k8s.io/role": "shard"}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(""), LeaseDurationSeconds: ptr.To[int32](15)}}
 	if err := st.Client.Create(ctx, lease); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
@@ -484,13 +485,13 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 
 	// Upgrade: new replicas and configuration roll out, the policy goes.
 	if out, err := helm(t, admin, "upgrade", release, chartDir, "-n", ns, "--set", "watch.namespaces={"+watched+"}",
-		"--set", "replicaCount=3", "--set", "config.workers=4", "--set", "finalizerPolicy.enabled=false"); err != nil {
+		"--set", "replicaCount=5", "--set", "config.workers=4", "--set", "finalizerPolicy.enabled=false"); err != nil {
 		t.Fatalf("helm upgrade: %v\n%s", err, out)
 	}
 	if err := get(&dep, ns, name); err != nil {
 		t.Fatal(err)
 	}
-	if *dep.Spec.Replicas != 3 || dep.Spec.Template.Annotations["checksum/config"] == checksum {
+	if *dep.Spec.Replicas != 5 || dep.Spec.Template.Annotations["checksum/config"] == checksum {
 		t.Errorf("after upgrade: replicas %d, config checksum %s (was %s)", *dep.Spec.Replicas, dep.Spec.Template.Annotations["checksum/config"], checksum)
 	}
 	var cm corev1.ConfigMap

@@ -182,9 +182,10 @@ func valuesSchema() obj {
 		"topologySpreadConstraints": kube("array", "Topology spread constraints of the bridge's pods."),
 		"priorityClassName":         str("Priority class of the bridge's pods."),
 		"podDisruptionBudget": object("A PodDisruptionBudget, rendered when replicaCount is above 1.", obj{
-			"enabled":      boolean("Render it."),
-			"minAvailable": obj{"type": []string{"integer", "string"}, "description": "Pods that must stay available."},
+			"enabled":        boolean("Render it."),
+			"maxUnavailable": obj{"type": []string{"integer", "string"}, "description": "Pods a voluntary disruption may take at once."},
 		}),
+		"spreadOverNodes": boolean("Spread the replicas over nodes (a topology spread constraint on kubernetes.io/hostname)."),
 		"serviceMonitor": object("A Prometheus Operator ServiceMonitor for /metrics.", obj{
 			"enabled":  boolean("Render it (needs the monitoring.coreos.com CRDs)."),
 			"interval": obj{"type": "string", "pattern": `^([0-9]+(ms|s|m|h))+$`, "description": "Scrape interval."},

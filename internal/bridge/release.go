@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -47,11 +48,21 @@ func ReleaseFinalizers(ctx context.Context, cfg *config.Config, restCfg *rest.Co
 	if err != nil {
 		return 0, err
 	}
-	var lease *coordinationv1.Lease
-	if cfg.LeaderElection.Enabled {
-		key := types.NamespacedName{Namespace: leaseNamespace(cfg), Name: cfg.LeaderElection.ID}
-		if lease, err = waitForFreeLease(ctx, c, key, wait, cfg.LeaderElection.RetryPeriod); err != nil {
+	var leases []coordinationv1.Lease
+	switch {
+	case cfg.Shards.Count > 1:
+		// Active-active replicas: every shard and member Lease free.
+		if leases, err = waitForFreeShards(ctx, c, leaseNamespace(cfg), cfg.LeaderElection.ID, wait, cfg.LeaderElection.RetryPeriod); err != nil {
 			return 0, err
+		}
+	case cfg.LeaderElection.Enabled:
+		key := types.NamespacedName{Namespace: leaseNamespace(cfg), Name: cfg.LeaderElection.ID}
+		lease, err := waitForFreeLease(ctx, c, key, wait, cfg.LeaderElection.RetryPeriod)
+		if err != nil {
+			return 0, err
+		}
+		if lease != nil {
+			leases = append(leases, *lease)
 		}
 	}
 	selector := labels.Everything()
@@ -72,9 +83,10 @@ func ReleaseFinalizers(ctx context.Context, cfg *config.Config, restCfg *rest.Co
 			return released, err
 		}
 	}
-	if lease != nil {
+	for i := range leases {
 		// Conditional on the resourceVersion read as free: a bridge that
 		// took the Lease since keeps it.
+		lease := &leases[i]
 		err := c.Delete(ctx, lease, client.Preconditions{ResourceVersion: &lease.ResourceVersion})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return released, fmt.Errorf("delete Lease %s/%s: %w", lease.Namespace, lease.Name, err)
@@ -106,6 +118,37 @@ func waitForFreeLease(ctx context.Context, c client.Client, key types.Namespaced
 		}
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("a bridge still leads: Lease %s is held by %q; stop every bridge replica first (it would add its finalizer again)", key, holder)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(poll):
+		}
+	}
+}
+
+// waitForFreeShards returns the shard and member Leases of the bridge
+// named id once none is held.
+func waitForFreeShards(ctx context.Context, c client.Client, namespace, id string, wait, poll time.Duration) ([]coordinationv1.Lease, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		var list coordinationv1.LeaseList
+		if err := c.List(ctx, &list, client.InNamespace(namespace), client.MatchingLabels{"student-bridge.example.k8s.io/bridge": id}); err != nil {
+			return nil, fmt.Errorf("list the shard Leases: %w", err)
+		}
+		held := ""
+		for i := range list.Items {
+			l := &list.Items[i]
+			if h := ptr.Deref(l.Spec.HolderIdentity, ""); h != "" && !leaseExpired(l, time.Now()) {
+				held = fmt.Sprintf("Lease %s/%s is held by %q", l.Namespace, l.Name, h)
+				break
+			}
+		}
+		if held == "" {
+			return list.Items, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("a bridge still runs: %s; stop every bridge replica first (it would add its finalizer again)", held)
 		}
 		select {
 		case <-ctx.Done():

@@ -93,3 +93,49 @@ func TestReleaseFinalizersWaitsForTheLeader(t *testing.T) {
 		_ = st.Client.Update(ctx, s)
 	}
 }
+
+// TestReleaseFinalizersWaitsForEveryShard: with active-active replicas,
+// release-finalizers waits until no shard Lease is held, then releases and
+// deletes the Leases.
+func TestReleaseFinalizersWaitsForEveryShard(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg, err := config.New(nil).Load("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Namespaces = []string{ns}
+	cfg.Shards.Count = 4
+	cfg.LeaderElection.Namespace = ns
+	cfg.LeaderElection.RetryPeriod = 100 * time.Millisecond
+	stu := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "held", Finalizers: []string{studentv1.Finalizer}},
+		Spec: studentv1.StudentSpec{Name: "wang", School: "china"}}
+	if err := st.Client.Create(ctx, stu); err != nil {
+		t.Fatal(err)
+	}
+	labels := map[string]string{"student-bridge.example.k8s.io/bridge": cfg.LeaderElection.ID, "student-bridge.example.k8s.io/role": "shard"}
+	free := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cfg.LeaderElection.ID + "-shard-0", Labels: labels},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("")}}
+	held := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cfg.LeaderElection.ID + "-shard-1", Labels: labels},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("bridge-1"), LeaseDurationSeconds: ptr.To[int32](15), RenewTime: &metav1.MicroTime{Time: time.Now()}}}
+	for _, l := range []*coordinationv1.Lease{free, held} {
+		if err := st.Client.Create(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := bridge.ReleaseFinalizers(ctx, cfg, st.RestConfig, time.Second); err == nil || !strings.Contains(err.Error(), `held by "bridge-1"`) {
+		t.Fatalf("with a shard held: %v, want an error naming the holder", err)
+	}
+	held.Spec.HolderIdentity = ptr.To("")
+	if err := st.Client.Update(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := bridge.ReleaseFinalizers(ctx, cfg, st.RestConfig, time.Second); err != nil || n != 1 {
+		t.Fatalf("with every shard free: released %d, %v; want 1", n, err)
+	}
+	for _, l := range []*coordinationv1.Lease{free, held} {
+		if err := st.Client.Get(ctx, client.ObjectKeyFromObject(l), &coordinationv1.Lease{}); !apierrors.IsNotFound(err) {
+			t.Errorf("Lease %s not deleted (%v)", l.Name, err)
+		}
+	}
+}

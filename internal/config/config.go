@@ -341,7 +341,7 @@ func NewReleaseLoader(fs *pflag.FlagSet) *Loader {
 	l.validate = (*Config).validateRelease
 	for _, s := range Settings {
 		switch {
-		case s.Key == "kubeconfig", s.Key == "master", s.Key == "namespaces", s.Key == "labelSelector",
+		case s.Key == "kubeconfig", s.Key == "master", s.Key == "namespaces", s.Key == "labelSelector", s.Key == "shards.count",
 			strings.HasPrefix(s.Key, "leaderElection."):
 			l.addFlags(fs, []Setting{s})
 		}

@@ -128,6 +128,11 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		{"no Events budget", "kubernetesEventsQPS: 0\n", nil, nil, "kubernetesEventsQPS"},
 		{"max below base", "", nil, []string{"--retry-base-delay=2s", "--retry-max-delay=1s"}, "retry.maxDelay"},
 		{"not yaml", "workers: [\n", nil, nil, "config file"},
+		{"no shards", "", nil, []string{"--shards=0"}, "shards.count"},
+		{"startup snapshot from every replica", "", nil, []string{"--shards=16", "--snapshot-on-startup"}, "snapshot.onStartup"},
+		{"shard Leases renewed too rarely", "", nil, []string{"--shards=16", "--leader-election-lease-duration=3s", "--leader-election-retry-period=2s", "--leader-election-renew-deadline=2500ms"}, "leaderElection.leaseDuration"},
+		{"expected service with a dot", "", nil, []string{"--expected-services=billing.eu"}, "services.expected"},
+		{"receipts in the record store", "", nil, []string{"--receipts-bucket=STUDENT_BRIDGE_PUBLISHED"}, "receipts.bucket"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
@@ -86,6 +87,60 @@ var variants = []variant{
 		return startBridge(ctx, e, r, true, false, nil)
 	}},
 	{name: "student-bridge (two services)", k8s: true, bridge: true, policy: true, services: true, start: startBridgeWithServices},
+	{name: "student-bridge (1 replica, 16 shards)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startReplicas(ctx, e, r, 1) }},
+	{name: "student-bridge (2 replicas, 16 shards)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startReplicas(ctx, e, r, 2) }},
+	{name: "student-bridge (3 replicas, 16 shards)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startReplicas(ctx, e, r, 3) }},
+}
+
+// startReplicas runs n active-active bridges (16 shards) in this process,
+// each with its own NATS connection and identity, and one subscriber.
+func startReplicas(ctx context.Context, e *env, r *run, n int) (func(), error) {
+	var stops []func()
+	stopAll := func() {
+		for _, s := range stops {
+			s()
+		}
+	}
+	for range n {
+		stop, err := runBridge(ctx, e, r, true, true, func(cfg *config.Config) {
+			cfg.Shards.Count = 16
+			cfg.LeaderElection.ID = "bench-" + r.id
+			cfg.LeaderElection.Namespace = "default"
+			cfg.LeaderElection.LeaseDuration, cfg.LeaderElection.RetryPeriod = 3*time.Second, 500*time.Millisecond
+		})
+		if err != nil {
+			stopAll()
+			return nil, err
+		}
+		stops = append(stops, stop)
+	}
+	// Every shard held before the load starts.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var list coordinationv1.LeaseList
+		if err := e.st.Client.List(ctx, &list, client.InNamespace("default"), client.MatchingLabels{"student-bridge.example.k8s.io/bridge": "bench-" + r.id, "student-bridge.example.k8s.io/role": "shard"}); err == nil {
+			held := 0
+			for _, l := range list.Items {
+				if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
+					held++
+				}
+			}
+			if held == 16 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			stopAll()
+			return nil, fmt.Errorf("%d replicas did not hold the 16 shards within 30s", n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	stopSub, err := subscribe(ctx, e, r)
+	if err != nil {
+		stopAll()
+		return nil, err
+	}
+	return func() { stopSub(); stopAll() }, nil
 }
 
 // subscribe delivers every event of the run's stream to the tracker.
@@ -212,6 +267,20 @@ func startRawInformer(ctx context.Context, e *env, r *run) (func(), error) {
 
 // startBridge runs the real bridge in this process, counting its API writes.
 func startBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinalizer bool, tweak func(*config.Config)) (func(), error) {
+	stop, err := runBridge(ctx, e, r, kubeEvents, holdWithFinalizer, tweak)
+	if err != nil {
+		return nil, err
+	}
+	stopSub, err := subscribe(ctx, e, r)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	return func() { stopSub(); stop() }, nil
+}
+
+// runBridge runs one bridge for the run until the returned stop.
+func runBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinalizer bool, tweak func(*config.Config)) (func(), error) {
 	cfg, err := config.New(nil).Load("")
 	if err != nil {
 		return nil, err
@@ -262,13 +331,7 @@ func startBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinali
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	stopSub, err := subscribe(ctx, e, r)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
 	return func() {
-		stopSub()
 		cancel()
 		<-done
 	}, nil
