@@ -97,7 +97,8 @@ func (r *Records) Load(ctx context.Context, store sink.Store, seed func(context.
 		}
 		r.setLocked(sr, rec.Revision, true)
 	}
-	if len(all) == 0 && seed != nil {
+	// No record yet (the bucket may hold other keys, e.g. the shard count).
+	if len(r.byUID) == 0 && seed != nil {
 		seeded, err := seed(ctx)
 		if err != nil {
 			return fmt.Errorf("seed records from status: %w", err)

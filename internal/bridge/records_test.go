@@ -148,7 +148,7 @@ func TestUpgradeFromStatusRecords(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if st.Values() != 2 {
+		if st.Values() != 3 { // two records and the shard count
 			return fmt.Errorf("bucket holds %d values", st.Values())
 		}
 		return nil
