@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
@@ -75,8 +77,14 @@ func TestShardsActiveActive(t *testing.T) {
 	burst(t, w, "default", "pre", 30, nil)
 	w.waitVerified(t, "default", 60*time.Second)
 
+	before, err := shardOwners(w)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var killed time.Time
+	createdAt := map[string]time.Time{}
 	burst(t, w, "default", "kill", 30, func(i int) {
+		createdAt[fmt.Sprintf("kill-%d", i)] = time.Now()
 		if i == 10 {
 			if err := ps[0].stop(t, syscall.SIGKILL); err == nil {
 				t.Fatal("SIGKILL reported a clean exit")
@@ -88,6 +96,32 @@ func TestShardsActiveActive(t *testing.T) {
 	r.Recovery = time.Since(killed)
 	waitShares(t, w, 2, 8, 8)
 	t.Logf("fault report: one of three replicas SIGKILLed mid-burst (lease 4s, retry 1s): every final state published %s after the kill; %s", r.Recovery.Round(100*time.Millisecond), r)
+
+	// How long the Students created after the kill waited for their
+	// created event: those of the killed replica's shards, and the others.
+	after, err := shardHolders(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := stack.StreamEvents(context.Background(), w.nc, "STUDENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lost, others []time.Duration
+	for _, e := range evs {
+		at, ok := createdAt[e.Data.Metadata.Name]
+		if !ok || e.Event.Type() != "io.k8s.example.student.created" || at.Before(killed) {
+			continue
+		}
+		d := e.Event.Time().Sub(at)
+		if _, alive := after[before[shards.Of("default", e.Data.Metadata.Name, 16)]]; alive {
+			others = append(others, d)
+		} else {
+			lost = append(lost, d)
+		}
+	}
+	t.Logf("fault report: Students created after the kill, created event after: killed replica's shards %s, other shards %s",
+		spreadOf(lost), spreadOf(others))
 
 	// A graceful stop releases its shards at once.
 	if err := ps[1].stop(t, syscall.SIGTERM); err != nil {
@@ -143,4 +177,30 @@ func TestShardsStaleOwner(t *testing.T) {
 	}
 	r = w.waitVerified(t, "default", 60*time.Second)
 	t.Logf("fault report: rolling restart of three replicas: %s", r)
+}
+
+// shardOwners maps each held shard to its holder.
+func shardOwners(w *world) (map[int]string, error) {
+	var list coordinationv1.LeaseList
+	if err := w.st.Client.List(context.Background(), &list, client.InNamespace("default"),
+		client.MatchingLabels{"student-bridge.example.k8s.io/role": "shard"}); err != nil {
+		return nil, err
+	}
+	out := map[int]string{}
+	for _, l := range list.Items {
+		var n int
+		if _, err := fmt.Sscanf(l.Name[strings.LastIndex(l.Name, "-")+1:], "%d", &n); err == nil && l.Spec.HolderIdentity != nil {
+			out[n] = *l.Spec.HolderIdentity
+		}
+	}
+	return out, nil
+}
+
+// spreadOf is "n=…, median …, max …" of ds.
+func spreadOf(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "none"
+	}
+	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+	return fmt.Sprintf("n=%d median %s max %s", len(ds), ds[len(ds)/2].Round(10*time.Millisecond), ds[len(ds)-1].Round(10*time.Millisecond))
 }
