@@ -74,8 +74,27 @@ func TestShardsActiveActive(t *testing.T) {
 		ps = append(ps, start(t, t.TempDir(), args...))
 	}
 	waitShares(t, w, 3, 5, 6)
+	// A core subscriber sees every publish, also the copies the stream's
+	// duplicate window drops: with settled shards, none is published twice.
+	sub, err := stack.Subscribe(w.nc, "student.>")
+	if err != nil {
+		t.Fatal(err)
+	}
 	burst(t, w, "default", "pre", 30, nil)
 	w.waitVerified(t, "default", 60*time.Second)
+	got, err := sub.Events()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]int{}
+	for _, e := range got {
+		ids[e.Event.ID()]++
+	}
+	for id, n := range ids {
+		if n > 1 {
+			t.Errorf("event %s published %d times by settled replicas", id, n)
+		}
+	}
 
 	before, err := shardOwners(w)
 	if err != nil {
