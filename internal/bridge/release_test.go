@@ -2,10 +2,12 @@ package bridge_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,6 +18,7 @@ import (
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
 // TestReleaseFinalizersWaitsForTheLeader: while a bridge holds the Lease,
@@ -137,5 +140,44 @@ func TestReleaseFinalizersWaitsForEveryShard(t *testing.T) {
 		if err := st.Client.Get(ctx, client.ObjectKeyFromObject(l), &coordinationv1.Lease{}); !apierrors.IsNotFound(err) {
 			t.Errorf("Lease %s not deleted (%v)", l.Name, err)
 		}
+	}
+}
+
+// TestShardCountIsRecorded: the record store remembers the shard count; a
+// bridge started with another one refuses to start and says why.
+func TestShardCountIsRecorded(t *testing.T) {
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "shardcount")
+	stop := startBridge(t, cfg)
+	if err := stack.Eventually(30*time.Second, func() error {
+		nc := natsConn(t)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		kv, err := js.KeyValue(context.Background(), cfg.State.Bucket)
+		if err != nil {
+			return err
+		}
+		e, err := kv.Get(context.Background(), "config.shards")
+		if err != nil {
+			return err
+		}
+		if string(e.Value()) != "1" {
+			return fmt.Errorf("config.shards is %q", e.Value())
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	other := *cfg
+	other.Shards.Count = 4
+	other.LeaderElection.Namespace = ns
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := bridge.Run(ctx, &other, st.RestConfig)
+	if err == nil || !strings.Contains(err.Error(), "shards.count is 4") || !strings.Contains(err.Error(), `written with "1" shards`) {
+		t.Fatalf("a bridge with another shard count: %v, want a refusal naming shards.count", err)
 	}
 }

@@ -37,10 +37,14 @@ var (
 		Name: "student_bridge_shard_handovers_total",
 		Help: "Shards this replica took (acquired) or gave up (released, lost), by kind.",
 	}, []string{"kind"})
+	inFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "student_bridge_shard_reconciles_in_flight",
+		Help: "Reconciles running now per shard held here: a shard's backlog; giving a shard up waits for it to reach 0.",
+	}, []string{"shard"})
 )
 
 func init() {
-	metrics.Registry.MustRegister(shardsHeld, handovers)
+	metrics.Registry.MustRegister(shardsHeld, handovers, inFlight)
 }
 
 // Of is the shard of the Student namespace/name among count shards: the
@@ -116,10 +120,12 @@ func (m *Manager) Begin(key types.NamespacedName) (done func(), ok bool) {
 		return nil, false
 	}
 	m.inflight[n]++
+	inFlight.WithLabelValues(strconv.Itoa(n)).Set(float64(m.inflight[n]))
 	return func() {
 		m.mu.Lock()
 		defer m.mu.Unlock()
 		m.inflight[n]--
+		inFlight.WithLabelValues(strconv.Itoa(n)).Set(float64(m.inflight[n]))
 		m.idle.Broadcast()
 	}, true
 }

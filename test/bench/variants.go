@@ -114,18 +114,24 @@ func startReplicas(ctx context.Context, e *env, r *run, n int) (func(), error) {
 		}
 		stops = append(stops, stop)
 	}
-	// Every shard held before the load starts.
+	// The shares settled (every replica holds 16/n of the shards, or one
+	// more) before the load starts: no handover during the run.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var list coordinationv1.LeaseList
 		if err := e.st.Client.List(ctx, &list, client.InNamespace("default"), client.MatchingLabels{"student-bridge.example.k8s.io/bridge": "bench-" + r.id, "student-bridge.example.k8s.io/role": "shard"}); err == nil {
-			held := 0
+			held, holders := 0, map[string]int{}
 			for _, l := range list.Items {
 				if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
 					held++
+					holders[*l.Spec.HolderIdentity]++
 				}
 			}
-			if held == 16 {
+			settled := held == 16 && len(holders) == n
+			for _, c := range holders {
+				settled = settled && c >= 16/n && c <= 16/n+1
+			}
+			if settled {
 				break
 			}
 		}
