@@ -61,12 +61,11 @@ func waitShares(t *testing.T, w *world, replicas, lo, hi int) time.Duration {
 	return time.Since(t0)
 }
 
-// TestShardsActiveActive: three replicas share 16 shards, 5-6 each, and
-// publish a burst completely; one SIGKILLed mid-burst, the other two take
-// its shards once their Leases expired, and the stream still holds every
-// final state and every delete.
-func TestShardsActiveActive(t *testing.T) {
-	w := newWorld(t)
+// startReplicas starts three bridges over 16 shards (lease 4s, retry 1s)
+// and waits until they share them; it returns their arguments, for
+// restarts.
+func startReplicas(t *testing.T, w *world) ([]string, []*proc) {
+	t.Helper()
 	args := w.bridgeArgs(w.admin, "--shards=16", "--leader-election-namespace=default",
 		"--leader-election-lease-duration=4s", "--leader-election-renew-deadline=3s", "--leader-election-retry-period=1s")
 	var ps []*proc
@@ -74,6 +73,16 @@ func TestShardsActiveActive(t *testing.T) {
 		ps = append(ps, start(t, t.TempDir(), args...))
 	}
 	waitShares(t, w, 3, 5, 6)
+	return args, ps
+}
+
+// TestShardsActiveActive: three replicas share 16 shards, 5-6 each, and
+// publish a burst completely; one SIGKILLed mid-burst, the other two take
+// its shards once their Leases expired, and the stream still holds every
+// final state and every delete.
+func TestShardsActiveActive(t *testing.T) {
+	w := newWorld(t)
+	_, ps := startReplicas(t, w)
 	// A core subscriber sees every publish, also the copies the stream's
 	// duplicate window drops: with settled shards, none is published twice.
 	sub, err := stack.Subscribe(w.nc, "student.>")
@@ -160,13 +169,7 @@ func TestShardsActiveActive(t *testing.T) {
 // final state is still published.
 func TestShardsStaleOwner(t *testing.T) {
 	w := newWorld(t)
-	args := w.bridgeArgs(w.admin, "--shards=16", "--leader-election-namespace=default",
-		"--leader-election-lease-duration=4s", "--leader-election-renew-deadline=3s", "--leader-election-retry-period=1s")
-	var ps []*proc
-	for range 3 {
-		ps = append(ps, start(t, t.TempDir(), args...))
-	}
-	waitShares(t, w, 3, 5, 6)
+	args, ps := startReplicas(t, w)
 
 	if err := ps[0].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
