@@ -30,6 +30,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
@@ -477,7 +478,7 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 	}
 	// A shard Lease that replicas which stopped leave behind.
 	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "student-bridge.example.k8s.io-shard-3",
-		Labels: map[string]string{"student-bridge.example.k8s.io/bridge": "student-bridge.example.k8s.io", "student-bridge.example.k8s.io/role": "shard"}},
+		Labels: map[string]string{shards.LabelBridge: "student-bridge.example.k8s.io", shards.LabelRole: shards.RoleShard}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(""), LeaseDurationSeconds: ptr.To[int32](15)}}
 	if err := st.Client.Create(ctx, lease); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)

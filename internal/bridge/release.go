@@ -12,13 +12,13 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/shards"
 )
 
 // leaseNamespace is where the leader election Lease lives: the configured
@@ -48,21 +48,33 @@ func ReleaseFinalizers(ctx context.Context, cfg *config.Config, restCfg *rest.Co
 	if err != nil {
 		return 0, err
 	}
-	var leases []coordinationv1.Lease
-	switch {
-	case cfg.Shards.Count > 1:
-		// Active-active replicas: every shard and member Lease free.
-		if leases, err = waitForFreeShards(ctx, c, leaseNamespace(cfg), cfg.LeaderElection.ID, wait, cfg.LeaderElection.RetryPeriod); err != nil {
-			return 0, err
-		}
-	case cfg.LeaderElection.Enabled:
+	// The Leases of every bridge replica: the leader's, or with shards
+	// every shard and member Lease.
+	read := func(ctx context.Context) ([]coordinationv1.Lease, error) {
 		key := types.NamespacedName{Namespace: leaseNamespace(cfg), Name: cfg.LeaderElection.ID}
-		lease, err := waitForFreeLease(ctx, c, key, wait, cfg.LeaderElection.RetryPeriod)
-		if err != nil {
-			return 0, err
+		var lease coordinationv1.Lease
+		err := c.Get(ctx, key, &lease)
+		if apierrors.IsNotFound(err) {
+			return nil, nil
 		}
-		if lease != nil {
-			leases = append(leases, *lease)
+		if err != nil {
+			return nil, fmt.Errorf("read Lease %s: %w", key, err)
+		}
+		return []coordinationv1.Lease{lease}, nil
+	}
+	if cfg.Shards.Count > 1 {
+		read = func(ctx context.Context) ([]coordinationv1.Lease, error) {
+			var list coordinationv1.LeaseList
+			if err := c.List(ctx, &list, client.InNamespace(leaseNamespace(cfg)), client.MatchingLabels{shards.LabelBridge: cfg.LeaderElection.ID}); err != nil {
+				return nil, fmt.Errorf("list the shard Leases: %w", err)
+			}
+			return list.Items, nil
+		}
+	}
+	var leases []coordinationv1.Lease
+	if cfg.LeaderElection.Enabled || cfg.Shards.Count > 1 {
+		if leases, err = waitUntilFree(ctx, read, wait, cfg.LeaderElection.RetryPeriod); err != nil {
+			return 0, err
 		}
 	}
 	selector := labels.Everything()
@@ -96,56 +108,25 @@ func ReleaseFinalizers(ctx context.Context, cfg *config.Config, restCfg *rest.Co
 	return released, nil
 }
 
-// waitForFreeLease returns the Lease once nobody holds it (nil if there is
-// none): no holder, or a holder that has not renewed it for its duration.
-func waitForFreeLease(ctx context.Context, c client.Client, key types.NamespacedName, wait, poll time.Duration) (*coordinationv1.Lease, error) {
+// waitUntilFree returns the Leases read returns once none of them is held
+// (no holder, or one that did not renew it for its duration), waiting up
+// to wait.
+func waitUntilFree(ctx context.Context, read func(context.Context) ([]coordinationv1.Lease, error), wait, poll time.Duration) ([]coordinationv1.Lease, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		var lease coordinationv1.Lease
-		err := c.Get(ctx, key, &lease)
-		if apierrors.IsNotFound(err) {
-			return nil, nil
-		}
+		leases, err := read(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("read Lease %s: %w", key, err)
-		}
-		holder := ""
-		if lease.Spec.HolderIdentity != nil {
-			holder = *lease.Spec.HolderIdentity
-		}
-		if holder == "" || leaseExpired(&lease, time.Now()) {
-			return &lease, nil
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("a bridge still leads: Lease %s is held by %q; stop every bridge replica first (it would add its finalizer again)", key, holder)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(poll):
-		}
-	}
-}
-
-// waitForFreeShards returns the shard and member Leases of the bridge
-// named id once none is held.
-func waitForFreeShards(ctx context.Context, c client.Client, namespace, id string, wait, poll time.Duration) ([]coordinationv1.Lease, error) {
-	deadline := time.Now().Add(wait)
-	for {
-		var list coordinationv1.LeaseList
-		if err := c.List(ctx, &list, client.InNamespace(namespace), client.MatchingLabels{"student-bridge.example.k8s.io/bridge": id}); err != nil {
-			return nil, fmt.Errorf("list the shard Leases: %w", err)
+			return nil, err
 		}
 		held := ""
-		for i := range list.Items {
-			l := &list.Items[i]
-			if h := ptr.Deref(l.Spec.HolderIdentity, ""); h != "" && !leaseExpired(l, time.Now()) {
-				held = fmt.Sprintf("Lease %s/%s is held by %q", l.Namespace, l.Name, h)
+		for i := range leases {
+			if h := shards.Holder(&leases[i], time.Now()); h != "" {
+				held = fmt.Sprintf("Lease %s/%s is held by %q", leases[i].Namespace, leases[i].Name, h)
 				break
 			}
 		}
 		if held == "" {
-			return list.Items, nil
+			return leases, nil
 		}
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("a bridge still runs: %s; stop every bridge replica first (it would add its finalizer again)", held)
@@ -156,13 +137,6 @@ func waitForFreeShards(ctx context.Context, c client.Client, namespace, id strin
 		case <-time.After(poll):
 		}
 	}
-}
-
-func leaseExpired(l *coordinationv1.Lease, now time.Time) bool {
-	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
-		return true
-	}
-	return now.After(l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second))
 }
 
 // releaseNamespace removes the finalizer from the Students of ns ("" is

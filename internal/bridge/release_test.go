@@ -18,6 +18,7 @@ import (
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
@@ -116,7 +117,7 @@ func TestReleaseFinalizersWaitsForEveryShard(t *testing.T) {
 	if err := st.Client.Create(ctx, stu); err != nil {
 		t.Fatal(err)
 	}
-	labels := map[string]string{"student-bridge.example.k8s.io/bridge": cfg.LeaderElection.ID, "student-bridge.example.k8s.io/role": "shard"}
+	labels := map[string]string{shards.LabelBridge: cfg.LeaderElection.ID, shards.LabelRole: shards.RoleShard}
 	free := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cfg.LeaderElection.ID + "-shard-0", Labels: labels},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("")}}
 	held := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cfg.LeaderElection.ID + "-shard-1", Labels: labels},

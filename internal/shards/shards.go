@@ -55,10 +55,13 @@ func Of(namespace, name string, count int) int {
 	return int(h.Sum32() % uint32(count))
 }
 
-// Labels on the Leases: which bridge they belong to, and their role.
+// Labels on the Leases: which bridge they belong to (its
+// leaderElection.id), and their role, RoleShard or RoleMember.
 const (
-	labelBridge = "student-bridge.example.k8s.io/bridge"
-	labelRole   = "student-bridge.example.k8s.io/role"
+	LabelBridge = "student-bridge.example.k8s.io/bridge"
+	LabelRole   = "student-bridge.example.k8s.io/role"
+	RoleShard   = "shard"
+	RoleMember  = "member"
 )
 
 // Options configure a Manager.
@@ -188,20 +191,20 @@ func (m *Manager) step(ctx context.Context) error {
 		return err
 	}
 	var list coordinationv1.LeaseList
-	if err := m.o.Client.List(ctx, &list, client.InNamespace(m.o.Namespace), client.MatchingLabels{labelBridge: m.o.Name}); err != nil {
+	if err := m.o.Client.List(ctx, &list, client.InNamespace(m.o.Namespace), client.MatchingLabels{LabelBridge: m.o.Name}); err != nil {
 		return fmt.Errorf("list Leases: %w", err)
 	}
 	members := map[string]bool{m.o.Identity: true} // live replicas
 	shards := map[int]*coordinationv1.Lease{}
 	for i := range list.Items {
 		l := &list.Items[i]
-		switch l.Labels[labelRole] {
-		case "member":
+		switch l.Labels[LabelRole] {
+		case RoleMember:
 			if !expired(l, now) {
 				members[holder(l)] = true
 			}
-		case "shard":
-			if n, err := strconv.Atoi(l.Annotations[labelRole+"-shard"]); err == nil && n >= 0 && n < m.o.Count {
+		case RoleShard:
+			if n, err := strconv.Atoi(l.Annotations[LabelRole+"-shard"]); err == nil && n >= 0 && n < m.o.Count {
 				shards[n] = l
 			}
 		}
@@ -269,8 +272,8 @@ func (m *Manager) acquire(ctx context.Context, n int, l *coordinationv1.Lease, n
 	dur := int32(m.o.LeaseDuration / time.Second)
 	if l == nil {
 		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: m.o.Namespace, Name: m.shardLease(n),
-			Labels:      map[string]string{labelBridge: m.o.Name, labelRole: "shard"},
-			Annotations: map[string]string{labelRole + "-shard": strconv.Itoa(n)}}}
+			Labels:      map[string]string{LabelBridge: m.o.Name, LabelRole: RoleShard},
+			Annotations: map[string]string{LabelRole + "-shard": strconv.Itoa(n)}}}
 		m.fill(l, now, dur)
 		if err := m.o.Client.Create(ctx, l); err != nil {
 			return err
@@ -329,7 +332,7 @@ func (m *Manager) renewMember(ctx context.Context, now time.Time) error {
 	err := m.o.Client.Get(ctx, client.ObjectKey{Namespace: m.o.Namespace, Name: name}, &l)
 	if apierrors.IsNotFound(err) {
 		l = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: m.o.Namespace, Name: name,
-			Labels: map[string]string{labelBridge: m.o.Name, labelRole: "member"}}}
+			Labels: map[string]string{LabelBridge: m.o.Name, LabelRole: RoleMember}}}
 		m.fill(&l, now, int32(m.o.LeaseDuration/time.Second))
 		return m.o.Client.Create(ctx, &l)
 	}
@@ -369,6 +372,15 @@ func (m *Manager) releaseAll() {
 }
 
 func holder(l *coordinationv1.Lease) string { return ptr.Deref(l.Spec.HolderIdentity, "") }
+
+// Holder is who holds l at now: its holder, unless it has none or did not
+// renew it for its duration ("" then: the Lease is free).
+func Holder(l *coordinationv1.Lease, now time.Time) string {
+	if expired(l, now) {
+		return ""
+	}
+	return holder(l)
+}
 
 func expired(l *coordinationv1.Lease, now time.Time) bool {
 	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {

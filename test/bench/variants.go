@@ -29,6 +29,7 @@ import (
 	"github.com/student-bridge/student-bridge/consumer"
 	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink/natssink"
@@ -119,7 +120,7 @@ func startReplicas(ctx context.Context, e *env, r *run, n int) (func(), error) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var list coordinationv1.LeaseList
-		if err := e.st.Client.List(ctx, &list, client.InNamespace("default"), client.MatchingLabels{"student-bridge.example.k8s.io/bridge": "bench-" + r.id, "student-bridge.example.k8s.io/role": "shard"}); err == nil {
+		if err := e.st.Client.List(ctx, &list, client.InNamespace("default"), client.MatchingLabels{shards.LabelBridge: "bench-" + r.id, shards.LabelRole: shards.RoleShard}); err == nil {
 			held, holders := 0, map[string]int{}
 			for _, l := range list.Items {
 				if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {

@@ -16,20 +16,36 @@ import (
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
-// shardHolders counts the shards each replica holds, from the shard
-// Leases (kubectl get leases shows the same).
-func shardHolders(w *world) (map[string]int, error) {
+// shardOwners maps each held shard to its holder, from the shard Leases
+// (kubectl get leases shows the same).
+func shardOwners(w *world) (map[int]string, error) {
 	var list coordinationv1.LeaseList
 	if err := w.st.Client.List(context.Background(), &list, client.InNamespace("default"),
-		client.MatchingLabels{"student-bridge.example.k8s.io/role": "shard"}); err != nil {
+		client.MatchingLabels{shards.LabelRole: shards.RoleShard}); err != nil {
+		return nil, err
+	}
+	out := map[int]string{}
+	for _, l := range list.Items {
+		var n int
+		if _, err := fmt.Sscanf(l.Name[strings.LastIndex(l.Name, "-")+1:], "%d", &n); err != nil {
+			continue
+		}
+		if h := shards.Holder(&l, time.Now()); h != "" {
+			out[n] = h
+		}
+	}
+	return out, nil
+}
+
+// shardHolders counts the shards each replica holds.
+func shardHolders(w *world) (map[string]int, error) {
+	owners, err := shardOwners(w)
+	if err != nil {
 		return nil, err
 	}
 	out := map[string]int{}
-	for _, l := range list.Items {
-		if h := l.Spec.HolderIdentity; h != nil && *h != "" && l.Spec.RenewTime != nil &&
-			time.Since(l.Spec.RenewTime.Time) < time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second {
-			out[*h]++
-		}
+	for _, h := range owners {
+		out[h]++
 	}
 	return out, nil
 }
@@ -199,23 +215,6 @@ func TestShardsStaleOwner(t *testing.T) {
 	}
 	r = w.waitVerified(t, "default", 60*time.Second)
 	t.Logf("fault report: rolling restart of three replicas: %s", r)
-}
-
-// shardOwners maps each held shard to its holder.
-func shardOwners(w *world) (map[int]string, error) {
-	var list coordinationv1.LeaseList
-	if err := w.st.Client.List(context.Background(), &list, client.InNamespace("default"),
-		client.MatchingLabels{"student-bridge.example.k8s.io/role": "shard"}); err != nil {
-		return nil, err
-	}
-	out := map[int]string{}
-	for _, l := range list.Items {
-		var n int
-		if _, err := fmt.Sscanf(l.Name[strings.LastIndex(l.Name, "-")+1:], "%d", &n); err == nil && l.Spec.HolderIdentity != nil {
-			out[n] = *l.Spec.HolderIdentity
-		}
-	}
-	return out, nil
 }
 
 // spreadOf is "n=…, median …, max …" of ds.
