@@ -211,9 +211,9 @@ func (w *world) waitAcked(t *testing.T, service string, seq uint64) {
 	}
 }
 
-// waitLastSeq waits until the stream's last sequence is seq (its limits
-// may have dropped the first events).
-func (w *world) waitLastSeq(t *testing.T, seq uint64) {
+// waitSequences waits until the stream holds the events from first
+// (0: whatever its first) to last: its limits may have dropped the first.
+func (w *world) waitSequences(t *testing.T, first, last uint64) {
 	t.Helper()
 	js, err := jetstream.New(w.nc)
 	if err != nil {
@@ -228,8 +228,8 @@ func (w *world) waitLastSeq(t *testing.T, seq uint64) {
 		if err != nil {
 			return err
 		}
-		if info.State.LastSeq != seq {
-			return fmt.Errorf("stream's last sequence %d, want %d", info.State.LastSeq, seq)
+		if info.State.LastSeq != last || (first != 0 && info.State.FirstSeq != first) {
+			return fmt.Errorf("stream at sequences %d-%d, want %d-%d", info.State.FirstSeq, info.State.LastSeq, first, last)
 		}
 		return nil
 	}); err != nil {
@@ -499,28 +499,9 @@ func TestMirrorAsksForASnapshot(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		w.waitLastSeq(t, uint64(60+10*(round+1)))
+		w.waitSequences(t, 0, uint64(60+10*(round+1)))
 	}
-	js, err := jetstream.New(w.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := stack.Eventually(60*time.Second, func() error {
-		s, err := js.Stream(context.Background(), w.cfg.NATS.Stream.Name)
-		if err != nil {
-			return err
-		}
-		info, err := s.Info(context.Background())
-		if err != nil {
-			return err
-		}
-		if info.State.LastSeq != 110 || info.State.FirstSeq != 31 {
-			return fmt.Errorf("stream at sequences %d-%d, want 31-110", info.State.FirstSeq, info.State.LastSeq)
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	w.waitSequences(t, 31, 110)
 	rec := &recorder{}
 	m, _ := w.mirror(t, "late", rec.handle)
 	waitSame(t, w.ns, m)
