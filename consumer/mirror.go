@@ -126,6 +126,7 @@ type Mirror struct {
 type pendingStudent struct {
 	change   Change
 	latest   *Desired // nil for a delete
+	seq      uint64   // stream sequence of the newest event
 	seqs     []uint64
 	catchUp  bool
 	attempts int
@@ -381,7 +382,7 @@ func (m *Mirror) enqueue(d *Desired, ev *event, seq uint64, catchUp bool) {
 		p.seqs = append(p.seqs, seq)
 	}
 	p.change = Change{UID: d.UID, Namespace: d.Namespace, Name: d.Name, EventID: ev.id, EventType: ev.typ, Generation: d.Generation}
-	p.latest = d
+	p.latest, p.seq = d, d.Sequence
 	if ev.typ == studentv1.EventTypeDeleted {
 		p.latest = nil
 	}
@@ -392,16 +393,9 @@ func (m *Mirror) enqueue(d *Desired, ev *event, seq uint64, catchUp bool) {
 func (m *Mirror) pendingInOrder() []string {
 	uids := slices.Collect(maps.Keys(m.pending))
 	slices.SortFunc(uids, func(a, b string) int {
-		return cmp.Compare(seqOf(m.pending[a]), seqOf(m.pending[b]))
+		return cmp.Compare(m.pending[a].seq, m.pending[b].seq)
 	})
 	return uids
-}
-
-func seqOf(p *pendingStudent) uint64 {
-	if p.latest != nil {
-		return p.latest.Sequence
-	}
-	return 0
 }
 
 // handle applies the pending change of uid: skipped when already applied
