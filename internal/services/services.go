@@ -7,7 +7,6 @@ package services
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -17,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // Options say where to look.
@@ -48,11 +48,11 @@ func Report(ctx context.Context, nc *nats.Conn, o Options) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	published, err := loadPublished(ctx, js, o.RecordsBucket)
+	published, err := loadPublished(ctx, nc, o.RecordsBucket)
 	if err != nil {
 		return nil, err
 	}
-	receipts, err := loadReceipts(ctx, js, o.ReceiptsBucket)
+	receipts, err := loadReceipts(ctx, nc, o.ReceiptsBucket)
 	if err != nil {
 		return nil, err
 	}
@@ -115,9 +115,9 @@ func Print(w io.Writer, rows []Row) error {
 
 // loadPublished reads the record store: the last event id published per
 // Student that exists (deleted ones left out).
-func loadPublished(ctx context.Context, js jetstream.JetStream, bucket string) (map[string]string, error) {
+func loadPublished(ctx context.Context, nc *nats.Conn, bucket string) (map[string]string, error) {
 	out := map[string]string{}
-	err := eachKey(ctx, js, bucket, func(key string, value []byte) {
+	err := eachKey(ctx, nc, bucket, func(key string, value []byte) {
 		var rec studentv1.StudentRecord
 		if json.Unmarshal(value, &rec) == nil && rec.Published.Type != studentv1.EventTypeDeleted && rec.Published.ID != "" {
 			out[rec.UID] = rec.Published.ID
@@ -127,9 +127,9 @@ func loadPublished(ctx context.Context, js jetstream.JetStream, bucket string) (
 }
 
 // loadReceipts reads the receipts bucket: service -> uid -> receipt.
-func loadReceipts(ctx context.Context, js jetstream.JetStream, bucket string) (map[string]map[string]studentv1.Receipt, error) {
+func loadReceipts(ctx context.Context, nc *nats.Conn, bucket string) (map[string]map[string]studentv1.Receipt, error) {
 	out := map[string]map[string]studentv1.Receipt{}
-	err := eachKey(ctx, js, bucket, func(key string, value []byte) {
+	err := eachKey(ctx, nc, bucket, func(key string, value []byte) {
 		var rec studentv1.Receipt
 		if json.Unmarshal(value, &rec) != nil || rec.Validate(key) != nil {
 			return
@@ -142,28 +142,18 @@ func loadReceipts(ctx context.Context, js jetstream.JetStream, bucket string) (m
 	return out, err
 }
 
-func eachKey(ctx context.Context, js jetstream.JetStream, bucket string, fn func(key string, value []byte)) error {
-	kv, err := js.KeyValue(ctx, bucket)
+// eachKey calls fn with every key of bucket and its value.
+func eachKey(ctx context.Context, nc *nats.Conn, bucket string, fn func(key string, value []byte)) error {
+	kv, err := natssink.EnsureBucket(ctx, nc, natssink.BucketConfig{Name: bucket}, false)
 	if err != nil {
-		return fmt.Errorf("bucket %s: %w", bucket, err)
+		return err
 	}
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	recs, err := kv.Load(ctx)
 	if err != nil {
 		return fmt.Errorf("read bucket %s: %w", bucket, err)
 	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case e, ok := <-w.Updates():
-			if !ok {
-				return errors.New("read bucket " + bucket + ": watch closed")
-			}
-			if e == nil {
-				return nil
-			}
-			fn(e.Key(), e.Value())
-		}
+	for _, r := range recs {
+		fn(r.Key, r.Value)
 	}
+	return nil
 }
