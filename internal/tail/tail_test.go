@@ -24,6 +24,7 @@ import (
 
 type fixture struct {
 	nc  *nats.Conn
+	url string
 	pub *natssink.Publisher
 	gen map[string]int64
 }
@@ -49,7 +50,7 @@ func setup(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &fixture{nc: nc, pub: pub, gen: map[string]int64{}}
+	return &fixture{nc: nc, url: n.URL(), pub: pub, gen: map[string]int64{}}
 }
 
 // publish sends the event a bridge would send for a change of name.
@@ -250,9 +251,17 @@ func (f *fixture) follow(t *testing.T, o tail.Options, printed int, name string)
 		}
 		return nil
 	}
+	// Each follow is a tail process of its own, with its own connection:
+	// a pull request of an earlier run on a shared connection could take
+	// the next message of a durable consumer and hold it until AckWait.
+	nc, err := nats.Connect(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- tail.Run(ctx, f.nc, o) }()
+	go func() { done <- tail.Run(ctx, nc, o) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
