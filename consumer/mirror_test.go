@@ -274,18 +274,10 @@ func TestMirrorRebuildsThenFollows(t *testing.T) {
 	stop()
 	updated := all[20:25]
 	for _, s := range updated {
-		s := getFresh(t, s)
-		s.Spec.School = "tsinghua"
-		if err := st.Client.Update(ctx, s); err != nil {
-			t.Fatal(err)
-		}
+		bridgetest.Patch(t, st.Client, s.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
 	}
 	w.waitPublished(t, 125)
-	twice := getFresh(t, updated[0])
-	twice.Spec.School = "peking"
-	if err := st.Client.Update(ctx, twice); err != nil {
-		t.Fatal(err)
-	}
+	bridgetest.Patch(t, st.Client, updated[0].DeepCopy(), func(s *studentv1.Student) { s.Spec.School = "peking" })
 	for _, s := range all[25:28] {
 		if err := st.Client.Delete(ctx, s); err != nil {
 			t.Fatal(err)
@@ -493,11 +485,7 @@ func TestMirrorAsksForASnapshot(t *testing.T) {
 	w.waitPublished(t, 60)
 	for round := range 5 {
 		for _, s := range students[:10] {
-			fresh := getFresh(t, s)
-			fresh.Spec.School = fmt.Sprintf("school-%d", round)
-			if err := st.Client.Update(context.Background(), fresh); err != nil {
-				t.Fatal(err)
-			}
+			bridgetest.Patch(t, st.Client, s.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = fmt.Sprintf("school-%d", round) })
 		}
 		w.waitSequences(t, 0, uint64(60+10*(round+1)))
 	}

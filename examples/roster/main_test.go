@@ -88,14 +88,7 @@ func TestRosterWalkthrough(t *testing.T) {
 	shows("1/1", studentv1.ServiceInSync)
 	stop()
 
-	var s studentv1.Student
-	if err := st.Client.Get(ctx, client.ObjectKeyFromObject(stu), &s); err != nil {
-		t.Fatal(err)
-	}
-	s.Spec.School = "tsinghua"
-	if err := st.Client.Update(ctx, &s); err != nil {
-		t.Fatal(err)
-	}
+	bridgetest.Patch(t, st.Client, stu.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
 	shows("0/1", studentv1.ServiceBehind)
 
 	stop = start()

@@ -126,10 +126,7 @@ func TestReceiptsShowOnTheStudent(t *testing.T) {
 	expect("2/2", metav1.ConditionTrue, map[string]string{"audit": "Failed", "billing": "InSync", "library": "InSync"})
 
 	// A change: both services are behind until they report it.
-	s.Spec.School = "tsinghua"
-	if err := st.Client.Update(ctx, s); err != nil {
-		t.Fatal(err)
-	}
+	patch(t, getStudent(t, s.Namespace, s.Name), func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
 	second := published()
 	if second.ID == first.ID {
 		t.Fatal("the update was not published")

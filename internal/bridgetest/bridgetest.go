@@ -14,7 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
@@ -101,4 +103,22 @@ func StartWith(t *testing.T, st *stack.Stack, prefix string, tweak func(*config.
 		t.Fatalf("the bridge created no receipts bucket: %v", err)
 	}
 	return w
+}
+
+// Patch changes the Student named like s as kubectl edit would: read it,
+// apply change, send a merge patch. A merge patch carries no resourceVersion,
+// so it cannot conflict with the bridge writing the Student's status or
+// finalizer meanwhile (an Update of a copy read earlier can). s is left
+// holding the patched Student.
+func Patch(t *testing.T, c client.Client, s *studentv1.Student, change func(*studentv1.Student)) {
+	t.Helper()
+	ctx := context.Background()
+	if err := c.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
+		t.Fatal(err)
+	}
+	orig := s.DeepCopy()
+	change(s)
+	if err := c.Patch(ctx, s, client.MergeFrom(orig)); err != nil {
+		t.Fatal(err)
+	}
 }
