@@ -74,7 +74,7 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) error {
 		if err != nil {
 			return fmt.Errorf("read stream %s: %w", o.Stream, err)
 		}
-		s.r = iterReader{iter}
+		s.r = iterReader{iter: iter, cons: cons, durable: o.Durable != ""}
 	}
 	defer s.r.stop()
 
@@ -187,7 +187,11 @@ type reader interface {
 
 // iterReader keeps a pull request open all the time: the reader for a
 // following tail.
-type iterReader struct{ iter jetstream.MessagesContext }
+type iterReader struct {
+	iter    jetstream.MessagesContext
+	cons    jetstream.Consumer
+	durable bool
+}
 
 func (r iterReader) next(ctx context.Context, wait time.Duration, _ uint64) (jetstream.Msg, error) {
 	if wait > 0 {
@@ -196,7 +200,44 @@ func (r iterReader) next(ctx context.Context, wait time.Duration, _ uint64) (jet
 	return r.iter.Next(jetstream.NextContext(ctx))
 }
 
-func (r iterReader) stop() { r.iter.Stop() }
+// stop ends the pull request. A durable consumer goes on without this tail,
+// so nothing may stay promised to it: the iterator is drained (its
+// subscription ends only once the server has it removed, so no message
+// published afterwards goes to this tail) and every message that reached it
+// unprinted is handed back at once, not after the ack wait, and is the
+// next run's first.
+func (r iterReader) stop() {
+	if !r.durable {
+		r.iter.Stop()
+		return
+	}
+	r.iter.Drain()
+	var unprinted []jetstream.Msg
+	for {
+		msg, err := r.iter.Next(jetstream.NextMaxWait(stopWait))
+		if err != nil {
+			break
+		}
+		unprinted = append(unprinted, msg)
+	}
+	// Only now: a message handed back while the subscription still had its
+	// pull request would come straight back to it, and be lost to the next
+	// run until the ack wait. The server also keeps the ended pull request
+	// on its list until it next looks at the consumer's waiting requests,
+	// and a message handed back before that is tried on it and put at the
+	// end of the redelivery queue, behind later ones: asking for the
+	// consumer's info clears the list first, so they come back in order.
+	ctx, cancel := context.WithTimeout(context.Background(), stopWait)
+	defer cancel()
+	_, _ = r.cons.Info(ctx)
+	for _, msg := range unprinted {
+		_ = msg.Nak()
+	}
+}
+
+// stopWait bounds how long stop waits for the server to end a durable
+// tail's subscription.
+const stopWait = 5 * time.Second
 
 // fetchReader reads in batches and always waits for a batch to end, so it
 // leaves no pull request behind when the tail returns. An iterator's request

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -234,6 +235,55 @@ func TestReplayThenFollow(t *testing.T) {
 	})
 }
 
+// TestDurableFollowHandsBackWhatItDidNotPrint: a following durable tail
+// reads ahead; stopped after ten lines, it hands the events it had read but
+// not printed back, so the next run goes on with the eleventh at once, in
+// order (not after the consumer's ack wait of 30 s).
+func TestDurableFollowHandsBackWhatItDidNotPrint(t *testing.T) {
+	f := setup(t)
+	const total = 200
+	for i := range total {
+		f.publish(t, studentv1.EventTypeCreated, fmt.Sprintf("s%03d", i), "s1")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out bytes.Buffer
+	o := tail.Options{Stream: "STUDENTS", Subjects: []string{"student.>"}, Deliver: tail.DeliverAll, Durable: "billing", Follow: true}
+	o.Out = stopAfter{w: &out, lines: 10, stop: cancel}
+	if err := tail.Run(ctx, f.nc, o); err != nil {
+		t.Fatal(err)
+	}
+	// The stop may let one more line through (a message already at hand).
+	printed := strings.Count(out.String(), "\n")
+	if printed < 10 || printed > 20 {
+		t.Fatalf("the following tail printed %d lines before it stopped, want 10 or a few more", printed)
+	}
+	rest := run(t, f.nc, tail.Options{Deliver: tail.DeliverAll, Durable: "billing"})
+	if len(rest) != total-printed {
+		t.Fatalf("the next run printed %d events, want the %d the first did not print", len(rest), total-printed)
+	}
+	for i, l := range rest {
+		if want := fmt.Sprintf("#%d created s%03d", printed+1+i, printed+i); summary([]string{l}) != want {
+			t.Fatalf("line %d of the next run: %q, want %s", i, summary([]string{l}), want)
+		}
+	}
+}
+
+// stopAfter writes until it has written lines lines, then calls stop.
+type stopAfter struct {
+	w     *bytes.Buffer
+	lines int
+	stop  func()
+}
+
+func (s stopAfter) Write(p []byte) (int, error) {
+	n, err := s.w.Write(p)
+	if strings.Count(s.w.String(), "\n") >= s.lines {
+		s.stop()
+	}
+	return n, err
+}
+
 // follow runs tail in follow mode until it printed printed lines, publishes
 // a created event of name, waits for it and returns the summary of all it
 // printed.
@@ -251,9 +301,7 @@ func (f *fixture) follow(t *testing.T, o tail.Options, printed int, name string)
 		}
 		return nil
 	}
-	// Each follow is a tail process of its own, with its own connection:
-	// a pull request of an earlier run on a shared connection could take
-	// the next message of a durable consumer and hold it until AckWait.
+	// Each follow is a tail process of its own, with its own connection.
 	nc, err := nats.Connect(f.url)
 	if err != nil {
 		t.Fatal(err)
