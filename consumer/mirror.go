@@ -508,6 +508,12 @@ func receipt(c Change, result, message string) studentv1.Receipt {
 		Generation: c.Generation, Result: result, Message: message, Time: metav1.Now()}
 }
 
+// RebuildConsumer names the consumer a service's Mirror reads the stream
+// through while it rebuilds, next to its durable consumer (named service).
+// Both names are the service's own ('~' is in no service name), so a NATS
+// user can be limited to its own consumers; see deploy/nats.
+func RebuildConsumer(service string) string { return service + "~rebuild" }
+
 // fold reads the stream's events from sequence from to to, in order.
 func (m *Mirror) fold(ctx context.Context, stream jetstream.Stream, from, to uint64, apply func(*Desired, *event)) error {
 	if from > to || to == 0 {
@@ -521,27 +527,48 @@ func (m *Mirror) fold(ctx context.Context, stream jetstream.Stream, from, to uin
 	if err != nil {
 		return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
 	}
-	oc, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{m.o.Subjects},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    from,
+	// A consumer of the service's own name, made for this one reading and
+	// deleted after it (a run that died left it behind: its position is
+	// wrong, so it goes first; the server also drops it once idle).
+	name := RebuildConsumer(m.o.Service)
+	if err := stream.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
+	}
+	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		Name:              name,
+		Description:       "student-bridge consumer.Mirror of service " + m.o.Service + ", rebuilding",
+		FilterSubject:     m.o.Subjects,
+		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:       from,
+		AckPolicy:         jetstream.AckNonePolicy,
+		InactiveThreshold: time.Minute,
+		Replicas:          1,
+		MemoryStorage:     true,
 	})
 	if err != nil {
 		return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
 	}
-	it, err := oc.Messages()
+	defer func() { _ = stream.DeleteConsumer(context.WithoutCancel(ctx), name) }()
+	it, err := cons.Messages()
 	if err != nil {
 		return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
 	}
 	defer it.Stop()
+	var delivered uint64
 	for {
-		msg, err := it.Next()
+		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
 			return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
 		}
 		md, err := msg.Metadata()
 		if err != nil {
 			return err
+		}
+		// Nothing acknowledges here, so nothing would redeliver a message
+		// lost on the way: a gap in the consumer's count ends the rebuild
+		// with an error rather than a state missing an event.
+		if delivered++; md.Sequence.Consumer != delivered {
+			return fmt.Errorf("consumer: read %s: message %d of the rebuild came as %d", m.o.Stream, delivered, md.Sequence.Consumer)
 		}
 		if md.Sequence.Stream > to {
 			return nil
@@ -553,9 +580,6 @@ func (m *Mirror) fold(ctx context.Context, stream jetstream.Stream, from, to uin
 		}
 		if md.Sequence.Stream >= to || md.NumPending == 0 {
 			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
 		}
 	}
 }

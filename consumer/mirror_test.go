@@ -269,6 +269,25 @@ func TestMirrorRebuildsThenFollows(t *testing.T) {
 		}
 	}
 
+	// The rebuild read through a consumer of the service's own name, and
+	// left none behind: the stream's consumers are the durable one.
+	js, err := jetstream.New(w.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, w.cfg.NATS.Stream.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lister := stream.ConsumerNames(ctx)
+	var consumers []string
+	for name := range lister.Name() {
+		consumers = append(consumers, name)
+	}
+	if err := lister.Err(); err != nil || len(consumers) != 1 || consumers[0] != "roster" {
+		t.Errorf("the stream's consumers after the rebuild: %v (%v), want only roster", consumers, err)
+	}
+
 	// Downtime: updates (one Student twice), deletes and creates.
 	w.waitAcked(t, "roster", 120)
 	stop()
@@ -322,10 +341,6 @@ func TestMirrorRebuildsThenFollows(t *testing.T) {
 	// what it applied, and nothing is handed over again.
 	w.waitAcked(t, "roster", 131)
 	stop()
-	js, err := jetstream.New(w.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := js.DeleteConsumer(ctx, w.cfg.NATS.Stream.Name, "roster"); err != nil {
 		t.Fatal(err)
 	}

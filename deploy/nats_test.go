@@ -253,6 +253,11 @@ func checkBridgeAndConsumer(t *testing.T, url string) {
 	}
 	expectViolation(t, rosterConn, rosterErrs, "$KV.STUDENT_BRIDGE_RECEIPTS.billing."+string(second.UID))
 	expectViolation(t, rosterConn, rosterErrs, "student.created")
+	// Nor may it read through, change or delete another service's consumer.
+	expectViolation(t, rosterConn, rosterErrs, "$JS.API.CONSUMER.MSG.NEXT.STUDENTS.billing")
+	expectViolation(t, rosterConn, rosterErrs, "$JS.API.CONSUMER.CREATE.STUDENTS.billing.student.>")
+	expectViolation(t, rosterConn, rosterErrs, "$JS.API.CONSUMER.DELETE.STUDENTS.billing")
+	expectViolation(t, rosterConn, rosterErrs, "$JS.API.CONSUMER.MSG.NEXT.STUDENTS.billing~rebuild")
 	expectViolation(t, consumer, consumerErrs, "$KV.STUDENT_BRIDGE_RECEIPTS.roster."+string(second.UID))
 
 	expectViolation(t, consumer, consumerErrs, "student.created")
