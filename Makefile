@@ -25,10 +25,7 @@ TEST_DEPS := $(CONTROL_PLANE)
 endif
 export KUBEBUILDER_ASSETS
 
-# One package at a time: the process-level and timing-sensitive tests of
-# one package do not compete for the CPUs with another's (a durable tail
-# test missed its 10 s window under that load).
-TEST_FLAGS ?= -race -count=1 -p 1 -timeout 30m
+TEST_FLAGS ?= -race -count=1 -timeout 30m
 
 ##@ General
 
