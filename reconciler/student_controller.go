@@ -537,6 +537,37 @@ func (r *StudentReconciler) EnqueueShard(ctx context.Context, cached client.Read
 	return len(objs), nil
 }
 
+// Unpublished counts, by group, the changes seen and not yet published: a
+// Student whose state differs from its last published event, and a record
+// whose Student is gone and not yet published as deleted. group puts a
+// Student in its group, or leaves it out (false).
+func (r *StudentReconciler) Unpublished(ctx context.Context, cached client.Reader, group func(types.NamespacedName) (int, bool)) (map[int]int, error) {
+	var list studentv1.StudentList
+	// Read only: no need to copy every cached Student.
+	if err := cached.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, fmt.Errorf("list cached students: %w", err)
+	}
+	out := map[int]int{}
+	live := make(map[types.UID]bool, len(list.Items))
+	for i := range list.Items {
+		s := &list.Items[i]
+		live[s.UID] = true
+		if g, ok := group(client.ObjectKeyFromObject(s)); ok && NextChange(s, lastPublished(r.Records.Get(s.UID))) != "" {
+			out[g]++
+		}
+	}
+	for _, rec := range r.Records.All() {
+		if live[types.UID(rec.UID)] {
+			continue
+		}
+		g, ok := group(types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name})
+		if last := lastPublished(rec, true); ok && (last == nil || last.Type != studentv1.EventTypeDeleted) {
+			out[g]++
+		}
+	}
+	return out, nil
+}
+
 // SetupWithManager registers the reconciler with mgr.
 func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
 	r.catchUp = make(chan event.TypedGenericEvent[*studentv1.Student], 1024)

@@ -59,7 +59,21 @@ func addShards(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config, r 
 	if r.Status != nil {
 		r.Status.Owns = m.Owns
 	}
-	return mgr.Add(m)
+	if err := mgr.Add(m); err != nil {
+		return err
+	}
+	// The backlog of the shards held, counted while the bridge runs.
+	backlog := &backlogSource{held: m.Held, count: func(ctx context.Context) (map[int]int, error) {
+		return r.Unpublished(ctx, mgr.GetClient(), func(key types.NamespacedName) (int, bool) { return of(key), m.Owns(key) })
+	}}
+	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		if !mgr.GetCache().WaitForCacheSync(ctx) {
+			return nil
+		}
+		defer shardBacklog.add(backlog)()
+		<-ctx.Done()
+		return nil
+	}))
 }
 
 // errShardCount: the record store was written with another number of

@@ -39,7 +39,7 @@ var (
 	}, []string{"kind"})
 	inFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "student_bridge_shard_reconciles_in_flight",
-		Help: "Reconciles running now per shard held here: a shard's backlog; giving a shard up waits for it to reach 0.",
+		Help: "Reconciles running now per shard held here; giving a shard up waits for it to reach 0. The backlog is student_bridge_shard_unpublished.",
 	}, []string{"shard"})
 )
 
