@@ -474,27 +474,48 @@ func (r *StudentReconciler) now() time.Time {
 // of scope) while the bridge was down. Call it once the cache has synced and
 // Records are loaded.
 func (r *StudentReconciler) CatchUp(ctx context.Context, cached client.Reader) (int, error) {
+	_, gone, err := r.cachedAndGone(ctx, cached)
+	if err != nil {
+		return 0, err
+	}
+	objs := make([]*studentv1.Student, 0, len(gone))
+	for _, rec := range gone {
+		objs = append(objs, recordedStudent(rec))
+	}
+	return r.enqueue(ctx, objs)
+}
+
+// cachedAndGone lists the Students in the cache, and the records of those
+// the cache has no Student for (deleted, or out of scope).
+func (r *StudentReconciler) cachedAndGone(ctx context.Context, cached client.Reader, opts ...client.ListOption) ([]studentv1.Student, []studentv1.StudentRecord, error) {
 	var list studentv1.StudentList
-	if err := cached.List(ctx, &list); err != nil {
-		return 0, fmt.Errorf("list cached students: %w", err)
+	if err := cached.List(ctx, &list, opts...); err != nil {
+		return nil, nil, fmt.Errorf("list cached students: %w", err)
 	}
 	live := make(map[types.UID]bool, len(list.Items))
 	for i := range list.Items {
 		live[list.Items[i].UID] = true
 	}
-	n := 0
+	var gone []studentv1.StudentRecord
 	for _, rec := range r.Records.All() {
-		if live[types.UID(rec.UID)] {
-			continue
-		}
-		select {
-		case r.catchUp <- event.TypedGenericEvent[*studentv1.Student]{Object: recordedStudent(rec)}:
-			n++
-		case <-ctx.Done():
-			return n, ctx.Err()
+		if !live[types.UID(rec.UID)] {
+			gone = append(gone, rec)
 		}
 	}
-	return n, nil
+	return list.Items, gone, nil
+}
+
+// enqueue hands objs to the controller as cache events would, and returns
+// how many it handed over before ctx ended.
+func (r *StudentReconciler) enqueue(ctx context.Context, objs []*studentv1.Student) (int, error) {
+	for i, o := range objs {
+		select {
+		case r.catchUp <- event.TypedGenericEvent[*studentv1.Student]{Object: o}:
+		case <-ctx.Done():
+			return i, ctx.Err()
+		}
+	}
+	return len(objs), nil
 }
 
 // ShardOwner is the part of shard ownership the reconciler asks: whether
@@ -509,30 +530,23 @@ type ShardOwner interface {
 // without a Student, for which in is true: what a replica that gained a
 // shard must look at.
 func (r *StudentReconciler) EnqueueShard(ctx context.Context, cached client.Reader, in func(types.NamespacedName) bool) (int, error) {
-	var list studentv1.StudentList
-	if err := cached.List(ctx, &list); err != nil {
-		return 0, fmt.Errorf("list cached students: %w", err)
+	students, gone, err := r.cachedAndGone(ctx, cached)
+	if err != nil {
+		return 0, err
 	}
-	live := make(map[types.UID]bool, len(list.Items))
 	var objs []*studentv1.Student
-	for i := range list.Items {
-		s := &list.Items[i]
-		live[s.UID] = true
-		if in(client.ObjectKeyFromObject(s)) {
-			objs = append(objs, s)
+	for i := range students {
+		if in(client.ObjectKeyFromObject(&students[i])) {
+			objs = append(objs, &students[i])
 		}
 	}
-	for _, rec := range r.Records.All() {
-		if !live[types.UID(rec.UID)] && in(types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}) {
+	for _, rec := range gone {
+		if in(types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}) {
 			objs = append(objs, recordedStudent(rec))
 		}
 	}
-	for _, o := range objs {
-		select {
-		case r.catchUp <- event.TypedGenericEvent[*studentv1.Student]{Object: o}:
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		}
+	if _, err := r.enqueue(ctx, objs); err != nil {
+		return 0, err
 	}
 	return len(objs), nil
 }
@@ -542,24 +556,19 @@ func (r *StudentReconciler) EnqueueShard(ctx context.Context, cached client.Read
 // whose Student is gone and not yet published as deleted. group puts a
 // Student in its group, or leaves it out (false).
 func (r *StudentReconciler) Unpublished(ctx context.Context, cached client.Reader, group func(types.NamespacedName) (int, bool)) (map[int]int, error) {
-	var list studentv1.StudentList
 	// Read only: no need to copy every cached Student.
-	if err := cached.List(ctx, &list, client.UnsafeDisableDeepCopy); err != nil {
-		return nil, fmt.Errorf("list cached students: %w", err)
+	students, gone, err := r.cachedAndGone(ctx, cached, client.UnsafeDisableDeepCopy)
+	if err != nil {
+		return nil, err
 	}
 	out := map[int]int{}
-	live := make(map[types.UID]bool, len(list.Items))
-	for i := range list.Items {
-		s := &list.Items[i]
-		live[s.UID] = true
+	for i := range students {
+		s := &students[i]
 		if g, ok := group(client.ObjectKeyFromObject(s)); ok && NextChange(s, lastPublished(r.Records.Get(s.UID))) != "" {
 			out[g]++
 		}
 	}
-	for _, rec := range r.Records.All() {
-		if live[types.UID(rec.UID)] {
-			continue
-		}
+	for _, rec := range gone {
 		g, ok := group(types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name})
 		if last := lastPublished(rec, true); ok && (last == nil || last.Type != studentv1.EventTypeDeleted) {
 			out[g]++
