@@ -77,25 +77,18 @@ func NewRecords() *Records {
 // records an earlier version of the bridge kept in Student status, so an
 // upgrade republishes nothing.
 func (r *Records) Load(ctx context.Context, store sink.Store, seed func(context.Context) ([]studentv1.StudentRecord, error)) error {
-	all, err := store.Load(ctx)
+	all, err := readStore(ctx, store)
 	if err != nil {
-		storeOps.WithLabelValues("load", resultError).Inc()
 		return fmt.Errorf("load records: %w", err)
 	}
-	storeOps.WithLabelValues("load", resultSuccess).Inc()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.store = store
 	clear(r.byUID)
 	clear(r.byName)
 	clear(r.unsaved)
-	for _, rec := range all {
-		var sr studentv1.StudentRecord
-		if err := json.Unmarshal(rec.Value, &sr); err != nil || sr.UID == "" || string(sr.UID) != rec.Key {
-			// Not ours to interpret; leave it alone rather than guess.
-			continue
-		}
-		r.setLocked(sr, rec.Revision, true)
+	for _, sr := range all {
+		r.setLocked(sr.rec, sr.revision, true)
 	}
 	// No record yet (the bucket may hold other keys, e.g. the shard count).
 	if len(r.byUID) == 0 && seed != nil {
@@ -122,12 +115,10 @@ func (r *Records) ReloadWhere(ctx context.Context, in func(studentv1.StudentReco
 	if err := r.Wait(ctx); err != nil {
 		return err
 	}
-	all, err := r.store.Load(ctx)
+	all, err := readStore(ctx, r.store)
 	if err != nil {
-		storeOps.WithLabelValues("load", resultError).Inc()
 		return fmt.Errorf("reload records: %w", err)
 	}
-	storeOps.WithLabelValues("load", resultSuccess).Inc()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for uid, e := range r.byUID {
@@ -135,15 +126,40 @@ func (r *Records) ReloadWhere(ctx context.Context, in func(studentv1.StudentReco
 			r.dropLocked(uid)
 		}
 	}
-	for _, rec := range all {
-		var sr studentv1.StudentRecord
-		if err := json.Unmarshal(rec.Value, &sr); err != nil || sr.UID == "" || string(sr.UID) != rec.Key || !in(sr) {
-			continue
+	for _, sr := range all {
+		if in(sr.rec) {
+			r.setLocked(sr.rec, sr.revision, true)
 		}
-		r.setLocked(sr, rec.Revision, true)
 	}
 	recordsGauge.Set(float64(len(r.byUID)))
 	return nil
+}
+
+// storedRecord is a record as the store holds it, at its revision.
+type storedRecord struct {
+	rec      studentv1.StudentRecord
+	revision uint64
+}
+
+// readStore reads every record of store. A key that holds no record of a
+// Student under its uid (another key, e.g. the shard count, or a value
+// that is not ours to interpret) is left alone rather than guessed at.
+func readStore(ctx context.Context, store sink.Store) ([]storedRecord, error) {
+	all, err := store.Load(ctx)
+	if err != nil {
+		storeOps.WithLabelValues("load", resultError).Inc()
+		return nil, err
+	}
+	storeOps.WithLabelValues("load", resultSuccess).Inc()
+	out := make([]storedRecord, 0, len(all))
+	for _, rec := range all {
+		var sr studentv1.StudentRecord
+		if err := json.Unmarshal(rec.Value, &sr); err != nil || sr.UID == "" || string(sr.UID) != rec.Key {
+			continue
+		}
+		out = append(out, storedRecord{rec: sr, revision: rec.Revision})
+	}
+	return out, nil
 }
 
 // Wait blocks until the first Load finished.
