@@ -64,6 +64,9 @@ const (
 	RoleMember  = "member"
 )
 
+// annotationShard on a shard Lease holds its shard number.
+const annotationShard = LabelRole + "-shard"
+
 // Options configure a Manager.
 type Options struct {
 	// Client reads and writes Leases; it should not be a cache.
@@ -93,12 +96,11 @@ type Manager struct {
 	idle     *sync.Cond
 	owned    []bool
 	inflight []int
-	leases   map[int]*coordinationv1.Lease // held here
 }
 
 // New returns a Manager; add it to the controller manager to run it.
 func New(o Options) *Manager {
-	m := &Manager{o: o, owned: make([]bool, o.Count), inflight: make([]int, o.Count), leases: map[int]*coordinationv1.Lease{}}
+	m := &Manager{o: o, owned: make([]bool, o.Count), inflight: make([]int, o.Count)}
 	m.idle = sync.NewCond(&m.mu)
 	return m
 }
@@ -142,9 +144,8 @@ func (m *Manager) Lost(key types.NamespacedName) {
 	if m.owned[n] {
 		m.o.Log.Info("a record write conflicted: another replica holds the shard; giving it up", "shard", n)
 		m.owned[n] = false
-		delete(m.leases, n)
 		handovers.WithLabelValues("lost").Inc()
-		shardsHeld.Set(float64(m.countLocked()))
+		shardsHeld.Set(float64(len(m.heldLocked())))
 	}
 }
 
@@ -152,6 +153,10 @@ func (m *Manager) Lost(key types.NamespacedName) {
 func (m *Manager) Held() []int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	return m.heldLocked()
+}
+
+func (m *Manager) heldLocked() []int {
 	var out []int
 	for n, o := range m.owned {
 		if o {
@@ -204,7 +209,7 @@ func (m *Manager) step(ctx context.Context) error {
 				members[holder(l)] = true
 			}
 		case RoleShard:
-			if n, err := strconv.Atoi(l.Annotations[LabelRole+"-shard"]); err == nil && n >= 0 && n < m.o.Count {
+			if n, err := strconv.Atoi(l.Annotations[annotationShard]); err == nil && n >= 0 && n < m.o.Count {
 				shards[n] = l
 			}
 		}
@@ -232,7 +237,6 @@ func (m *Manager) step(ctx context.Context) error {
 		l.Spec.RenewTime = &metav1.MicroTime{Time: now}
 		if err := m.o.Client.Update(ctx, l); err != nil {
 			m.giveUp(n, "lost")
-			continue
 		}
 	}
 	held := m.Held()
@@ -273,7 +277,7 @@ func (m *Manager) acquire(ctx context.Context, n int, l *coordinationv1.Lease, n
 	if l == nil {
 		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: m.o.Namespace, Name: m.shardLease(n),
 			Labels:      map[string]string{LabelBridge: m.o.Name, LabelRole: RoleShard},
-			Annotations: map[string]string{LabelRole + "-shard": strconv.Itoa(n)}}}
+			Annotations: map[string]string{annotationShard: strconv.Itoa(n)}}}
 		m.fill(l, now, dur)
 		if err := m.o.Client.Create(ctx, l); err != nil {
 			return err
@@ -292,7 +296,6 @@ func (m *Manager) acquire(ctx context.Context, n int, l *coordinationv1.Lease, n
 	}
 	m.mu.Lock()
 	m.owned[n] = true
-	m.leases[n] = l
 	m.mu.Unlock()
 	handovers.WithLabelValues("acquired").Inc()
 	m.o.Log.Info("holding shard", "shard", n)
@@ -318,7 +321,6 @@ func (m *Manager) giveUp(n int, kind string) {
 		return
 	}
 	m.owned[n] = false
-	delete(m.leases, n)
 	for m.inflight[n] > 0 {
 		m.idle.Wait()
 	}
@@ -348,17 +350,11 @@ func (m *Manager) renewMember(ctx context.Context, now time.Time) error {
 func (m *Manager) releaseAll() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	m.mu.Lock()
-	held := map[int]*coordinationv1.Lease{}
-	for n, l := range m.leases {
-		held[n] = l
-	}
-	m.mu.Unlock()
 	var errs []error
-	for n, l := range held {
+	for _, n := range m.Held() {
 		m.giveUp(n, "released")
 		var fresh coordinationv1.Lease
-		if err := m.o.Client.Get(ctx, client.ObjectKeyFromObject(l), &fresh); err == nil && holder(&fresh) == m.o.Identity {
+		if err := m.o.Client.Get(ctx, client.ObjectKey{Namespace: m.o.Namespace, Name: m.shardLease(n)}, &fresh); err == nil && holder(&fresh) == m.o.Identity {
 			fresh.Spec.HolderIdentity = ptr.To("")
 			errs = append(errs, m.o.Client.Update(ctx, &fresh))
 		}
@@ -387,14 +383,4 @@ func expired(l *coordinationv1.Lease, now time.Time) bool {
 		return true
 	}
 	return now.After(l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second))
-}
-
-func (m *Manager) countLocked() int {
-	n := 0
-	for _, o := range m.owned {
-		if o {
-			n++
-		}
-	}
-	return n
 }
