@@ -301,23 +301,31 @@ func recordedStudent(rec studentv1.StudentRecord) *studentv1.Student {
 	}
 }
 
-// patchFinalizers applies change to stu's finalizers with a merge patch that
-// is conditional on stu's resourceVersion, so it never drops a finalizer
-// someone else added. When the cache was behind (a conflict), it reads the
-// Student from the API server and tries again at once rather than waiting
-// for the backoff: under a stream of user edits the cache is often behind.
+// patchFinalizers applies change to stu's finalizers (PatchFinalizers).
+// When the cache was behind (a conflict), it reads the Student from the API
+// server and tries again at once rather than waiting for the backoff: under
+// a stream of user edits the cache is often behind.
 func (r *StudentReconciler) patchFinalizers(ctx context.Context, stu *studentv1.Student, change func(*studentv1.Student) bool) error {
 	reader := r.APIReader
 	if reader == nil {
 		reader = r.Client
 	}
+	return PatchFinalizers(ctx, r.Client, reader, stu, 5, change)
+}
+
+// PatchFinalizers applies change to stu's finalizers with a merge patch
+// that is conditional on stu's resourceVersion, so it never drops a
+// finalizer someone else added. On a conflict it reads stu again from
+// reader and retries, up to attempts times in all. change reports whether
+// it changed anything; nothing to change patches nothing.
+func PatchFinalizers(ctx context.Context, c client.Client, reader client.Reader, stu *studentv1.Student, attempts int, change func(*studentv1.Student) bool) error {
 	var err error
-	for range 5 {
+	for range attempts {
 		orig := stu.DeepCopy()
 		if !change(stu) {
 			return nil
 		}
-		err = r.Client.Patch(ctx, stu, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
+		err = c.Patch(ctx, stu, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
 		if !apierrors.IsConflict(err) {
 			return err
 		}

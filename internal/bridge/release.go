@@ -19,6 +19,7 @@ import (
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/shards"
+	"github.com/student-bridge/student-bridge/reconciler"
 )
 
 // leaseNamespace is where the leader election Lease lives: the configured
@@ -165,26 +166,11 @@ func releaseNamespace(ctx context.Context, c client.Client, ns string, selector 
 	}
 }
 
+// removeFinalizer removes the bridge's finalizer from stu; a Student gone
+// meanwhile needs nothing.
 func removeFinalizer(ctx context.Context, c client.Client, stu *studentv1.Student) error {
-	var err error
-	for range 10 {
-		orig := stu.DeepCopy()
-		if !controllerutil.RemoveFinalizer(stu, studentv1.Finalizer) {
-			return nil
-		}
-		err = c.Patch(ctx, stu, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{}))
-		if apierrors.IsNotFound(err) {
-			return nil
-		}
-		if !apierrors.IsConflict(err) {
-			return err
-		}
-		if err := c.Get(ctx, client.ObjectKeyFromObject(stu), stu); err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil
-			}
-			return err
-		}
-	}
-	return err
+	err := reconciler.PatchFinalizers(ctx, c, c, stu, 10, func(s *studentv1.Student) bool {
+		return controllerutil.RemoveFinalizer(s, studentv1.Finalizer)
+	})
+	return client.IgnoreNotFound(err)
 }
