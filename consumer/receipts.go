@@ -65,8 +65,8 @@ func (p *Reporter) Applied(ctx context.Context, uid string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var r studentv1.Receipt
-	if err := json.Unmarshal(e.Value(), &r); err != nil || r.Result != studentv1.ResultApplied {
+	r, err := studentv1.ParseReceipt(e.Key(), e.Value())
+	if err != nil || r.Result != studentv1.ResultApplied {
 		return "", nil
 	}
 	return r.EventID, nil

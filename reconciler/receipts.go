@@ -2,7 +2,6 @@ package reconciler
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -59,15 +58,6 @@ func (r *Receipts) SetStore(store sink.Store) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.store = store
-}
-
-// ParseReceipt decodes and checks the value of key.
-func ParseReceipt(key string, value []byte) (studentv1.Receipt, error) {
-	var rec studentv1.Receipt
-	if err := json.Unmarshal(value, &rec); err != nil {
-		return rec, fmt.Errorf("not a receipt: %w", err)
-	}
-	return rec, rec.Validate(key)
 }
 
 // Set records rec and returns the receipt it replaced (nil if none).

@@ -1,6 +1,7 @@
 package v1
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -59,6 +60,15 @@ func ValidServiceName(name string) bool {
 		return false
 	}
 	return strings.Trim(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") == ""
+}
+
+// ParseReceipt decodes and checks the value of key in the receipts bucket.
+func ParseReceipt(key string, value []byte) (Receipt, error) {
+	var rec Receipt
+	if err := json.Unmarshal(value, &rec); err != nil {
+		return rec, fmt.Errorf("not a receipt: %w", err)
+	}
+	return rec, rec.Validate(key)
 }
 
 // Validate checks a receipt read from key (empty: not checked against a

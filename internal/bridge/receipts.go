@@ -69,7 +69,7 @@ func (w *receiptWatch) apply(ctx context.Context, rec sink.Record, deleted bool)
 		}
 		return
 	}
-	receipt, err := reconciler.ParseReceipt(rec.Key, rec.Value)
+	receipt, err := studentv1.ParseReceipt(rec.Key, rec.Value)
 	if err != nil {
 		reconciler.CountReceipt("malformed")
 		w.log.Info("skipping a malformed receipt", "key", rec.Key, "reason", err.Error())

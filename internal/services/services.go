@@ -130,8 +130,8 @@ func loadPublished(ctx context.Context, nc *nats.Conn, bucket string) (map[strin
 func loadReceipts(ctx context.Context, nc *nats.Conn, bucket string) (map[string]map[string]studentv1.Receipt, error) {
 	out := map[string]map[string]studentv1.Receipt{}
 	err := eachKey(ctx, nc, bucket, func(key string, value []byte) {
-		var rec studentv1.Receipt
-		if json.Unmarshal(value, &rec) != nil || rec.Validate(key) != nil {
+		rec, err := studentv1.ParseReceipt(key, value)
+		if err != nil {
 			return
 		}
 		if out[rec.Service] == nil {
