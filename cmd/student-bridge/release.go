@@ -20,9 +20,10 @@ the finalizer example.k8s.io/student-bridge so that a deleted Student stays unti
 its deleted event is published; with no bridge left, such a Student could never
 be deleted.
 
-It waits until no bridge leads any more (the leader election Lease is free, up
-to --wait), removes the finalizer from every Student the bridge watched
-(namespaces, labelSelector), and deletes the free Lease. Give it the bridge's
+It waits until no bridge runs any more (the leader election Lease, or with
+shards.count above 1 every shard and member Lease, is free, up to --wait),
+removes the finalizer from every Student the bridge watched (namespaces,
+labelSelector), and deletes the free Leases. Give it the bridge's
 own configuration (--config, or the same flags and STUDENT_BRIDGE_* variables).
 The Helm chart runs it as a post-delete hook; after "make undeploy", run it by
 hand. Students deleted while no bridge runs are still published as deleted by
@@ -30,7 +31,7 @@ the next bridge, from its record store, with the last state it published.`,
 		SilenceUsage: true,
 		Args:         cobra.NoArgs,
 	}
-	cmd.Flags().DurationVar(&wait, "wait", 2*time.Minute, "How long to wait for the leading bridge to stop before giving up.")
+	cmd.Flags().DurationVar(&wait, "wait", 2*time.Minute, "How long to wait for every bridge replica to stop (its Leases to be free) before giving up.")
 	loader := config.NewReleaseLoader(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		setupLog(true)

@@ -35,10 +35,11 @@ func leaseNamespace(cfg *config.Config) string {
 }
 
 // ReleaseFinalizers is what uninstalling the bridge needs: once no bridge
-// leads any more (the leader election Lease is free, waited for up to
-// wait), it removes the bridge's finalizer from every Student in the
-// configured scope, so that none is left undeletable, and deletes the free
-// Lease. It returns how many Students it released.
+// runs any more (the leader election Lease, or with shards every shard and
+// member Lease, is free, waited for up to wait), it removes the bridge's
+// finalizer from every Student in the configured scope, so that none is
+// left undeletable, and deletes the free Leases. It returns how many
+// Students it released.
 //
 // A Student deleted after this is not lost for consumers: a bridge
 // installed again publishes its deletion from its record, with the last
