@@ -225,13 +225,19 @@ func (m *Mirror) Run(ctx context.Context) error {
 	}
 	m.lastStart = last
 
-	// What the service applied up to its acknowledged position, then one
-	// change per Student that changed after it.
+	// One reading of the stream: what the service applied up to its
+	// acknowledged position, then one change per Student that changed
+	// after it.
 	applied := map[string]*Desired{}
-	if err := m.fold(ctx, stream, 1, floor, func(d *Desired, _ *event) {
-		if d.EventType == studentv1.EventTypeDeleted {
+	m.pending = map[string]*pendingStudent{}
+	m.retries = make(chan string, 64)
+	if err := m.fold(ctx, stream, last, func(d *Desired, ev *event) {
+		switch {
+		case d.Sequence > floor:
+			m.enqueue(d, ev, 0, true)
+		case d.EventType == studentv1.EventTypeDeleted:
 			delete(applied, d.UID)
-		} else {
+		default:
 			applied[d.UID] = d
 		}
 	}); err != nil {
@@ -240,11 +246,6 @@ func (m *Mirror) Run(ctx context.Context) error {
 	m.mu.Lock()
 	m.applied = applied
 	m.mu.Unlock()
-	m.pending = map[string]*pendingStudent{}
-	m.retries = make(chan string, 64)
-	if err := m.fold(ctx, stream, floor+1, last, func(d *Desired, ev *event) { m.enqueue(d, ev, 0, true) }); err != nil {
-		return err
-	}
 	m.log.Info("rebuilt the desired state", "applied", len(applied), "changed", len(m.pending), "fromSequence", floor+1, "toSequence", last)
 	for _, uid := range m.pendingInOrder() {
 		m.handle(ctx, uid)
@@ -514,14 +515,15 @@ func receipt(c Change, result, message string) studentv1.Receipt {
 // user can be limited to its own consumers; see deploy/nats.
 func RebuildConsumer(service string) string { return service + "~rebuild" }
 
-// fold reads the stream's events from sequence from to to, in order.
-func (m *Mirror) fold(ctx context.Context, stream jetstream.Stream, from, to uint64, apply func(*Desired, *event)) error {
-	if from > to || to == 0 {
+// fold reads the stream's events from its first up to sequence to, in
+// order.
+func (m *Mirror) fold(ctx context.Context, stream jetstream.Stream, to uint64, apply func(*Desired, *event)) error {
+	if to == 0 {
 		return nil
 	}
-	// Reading waits for a message: read only if one at from or later exists.
-	lastMsg, err := stream.GetLastMsgForSubject(ctx, m.o.Subjects)
-	if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && lastMsg.Sequence < from) {
+	// Reading waits for a message: read only if there is one.
+	_, err := stream.GetLastMsgForSubject(ctx, m.o.Subjects)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil
 	}
 	if err != nil {
@@ -538,8 +540,7 @@ func (m *Mirror) fold(ctx context.Context, stream jetstream.Stream, from, to uin
 		Name:              name,
 		Description:       "student-bridge consumer.Mirror of service " + m.o.Service + ", rebuilding",
 		FilterSubject:     m.o.Subjects,
-		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:       from,
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
 		AckPolicy:         jetstream.AckNonePolicy,
 		InactiveThreshold: time.Minute,
 		Replicas:          1,
