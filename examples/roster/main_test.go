@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,31 +23,13 @@ func TestMain(m *testing.M) {
 	os.Exit(stack.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
 }
 
-// syncBuffer is the example's output, read while it runs.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestRosterWalkthrough is the README's walkthrough: with the example
 // running, the Student shows 1/1; stopped, an edit shows 0/1 (Behind);
 // started again, it catches up: 1/1.
 func TestRosterWalkthrough(t *testing.T) {
 	ctx := context.Background()
 	w := bridgetest.Start(t, st, "roster")
-	var out syncBuffer
+	var out stack.Buffer
 	start := func() func() {
 		rctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)

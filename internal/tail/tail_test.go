@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -290,12 +289,9 @@ func (s stopAfter) Write(p []byte) (int, error) {
 func (f *fixture) follow(t *testing.T, o tail.Options, printed int, name string) string {
 	t.Helper()
 	o.Stream, o.Subjects, o.Follow = "STUDENTS", []string{"student.>"}, true
-	var mu sync.Mutex
-	var out bytes.Buffer
-	o.Out = lockedWriter{&mu, &out}
+	var out stack.Buffer
+	o.Out = &out
 	lines := func() []string {
-		mu.Lock()
-		defer mu.Unlock()
 		if s := strings.TrimSpace(out.String()); s != "" {
 			return strings.Split(s, "\n")
 		}
@@ -348,14 +344,3 @@ var errNotYet = &notYet{}
 type notYet struct{}
 
 func (*notYet) Error() string { return "not yet" }
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
