@@ -217,16 +217,12 @@ func serviceStatus(name string, reported map[string]studentv1.Receipt, last *stu
 	if !ok {
 		return studentv1.ServiceStatus{Name: name, State: studentv1.ServiceBehind, Message: "no receipt yet"}
 	}
-	st := studentv1.ServiceStatus{Name: name, AppliedEventID: rec.EventID, AppliedGeneration: rec.Generation, Message: rec.Message, Time: rec.Time.DeepCopy()}
-	switch {
-	case rec.Result == studentv1.ResultFailed:
-		st.State = studentv1.ServiceFailed
-	case last != nil && rec.EventID == last.ID:
-		st.State = studentv1.ServiceInSync
-	default:
-		st.State = studentv1.ServiceBehind
+	publishedID := ""
+	if last != nil {
+		publishedID = last.ID
 	}
-	return st
+	return studentv1.ServiceStatus{Name: name, State: rec.State(publishedID), AppliedEventID: rec.EventID, AppliedGeneration: rec.Generation,
+		Message: rec.Message, Time: rec.Time.DeepCopy()}
 }
 
 func truncate(s string, n int) string {

@@ -118,6 +118,19 @@ const (
 	ServiceFailed = "Failed"
 )
 
+// State is the state of the service that wrote r, given the id of the
+// event last published for its Student ("" if none).
+func (r *Receipt) State(publishedID string) string {
+	switch {
+	case r.Result == ResultFailed:
+		return ServiceFailed
+	case publishedID != "" && r.EventID == publishedID:
+		return ServiceInSync
+	default:
+		return ServiceBehind
+	}
+}
+
 // ServiceStatus is what one service reported about the Student.
 type ServiceStatus struct {
 	// name of the service.

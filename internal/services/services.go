@@ -84,11 +84,14 @@ func Report(ctx context.Context, nc *nats.Conn, o Options) ([]Row, error) {
 			r.Consumer, r.Pending, r.AckedSequence = true, info.NumPending+uint64(info.NumAckPending), info.AckFloor.Stream
 		}
 		for uid, eventID := range published {
-			rec, ok := receipts[name][uid]
-			switch {
-			case ok && rec.Result == studentv1.ResultFailed:
+			state := studentv1.ServiceBehind // no receipt yet
+			if rec, ok := receipts[name][uid]; ok {
+				state = rec.State(eventID)
+			}
+			switch state {
+			case studentv1.ServiceFailed:
 				r.Failed++
-			case ok && rec.EventID == eventID:
+			case studentv1.ServiceInSync:
 				r.InSync++
 			default:
 				r.Behind++
