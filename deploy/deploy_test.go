@@ -15,12 +15,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
@@ -155,13 +153,8 @@ func TestOverlaysApplyServerSide(t *testing.T) {
 // templates in a namespace that enforces the restricted profile. A pod
 // without the security context must be refused, or the check proves nothing.
 func TestPodsMeetRestrictedPodSecurity(t *testing.T) {
-	ctx := context.Background()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "restricted-check", Labels: map[string]string{
-		"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest",
-	}}}
-	if err := st.Client.Create(ctx, ns); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
+	const ns = "restricted-check"
+	restrictedNamespace(t, ns)
 	objs := render(t, "default")
 	templates := map[string]corev1.PodTemplateSpec{}
 	for _, kind := range []string{"Deployment", "StatefulSet"} {
@@ -180,12 +173,8 @@ func TestPodsMeetRestrictedPodSecurity(t *testing.T) {
 		}
 		templates[kind] = pt
 	}
-	createPod := func(name string, spec corev1.PodSpec) error {
-		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns.Name}, Spec: spec}
-		return st.Client.Create(ctx, pod, client.DryRunAll)
-	}
 	for kind, pt := range templates {
-		if err := createPod(strings.ToLower(kind), pt.Spec); err != nil {
+		if err := admitPod(ns, strings.ToLower(kind), pt.Spec); err != nil {
 			t.Errorf("%s pod refused under restricted: %v", kind, err)
 		}
 	}
@@ -193,7 +182,7 @@ func TestPodsMeetRestrictedPodSecurity(t *testing.T) {
 	loose := dt.Spec.DeepCopy()
 	loose.SecurityContext = nil
 	loose.Containers[0].SecurityContext = nil
-	err := createPod("loose", *loose)
+	err := admitPod(ns, "loose", *loose)
 	if err == nil || !strings.Contains(err.Error(), "restricted") {
 		t.Errorf("a pod without a security context was not refused: %v", err)
 	}
@@ -202,23 +191,7 @@ func TestPodsMeetRestrictedPodSecurity(t *testing.T) {
 // TestRenderedRBACIsGenerated: what the overlay applies is exactly what
 // controller-gen generated from the code's markers.
 func TestRenderedRBACIsGenerated(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join(stack.RepoRoot(), "deploy", "rbac", "role.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	generated := map[string][]rbacv1.PolicyRule{}
-	for _, doc := range strings.Split(string(b), "\n---\n") {
-		var r struct {
-			Kind  string              `json:"kind"`
-			Rules []rbacv1.PolicyRule `json:"rules"`
-		}
-		if err := yaml.Unmarshal([]byte(doc), &r); err != nil {
-			t.Fatal(err)
-		}
-		if r.Kind != "" {
-			generated[r.Kind] = r.Rules
-		}
-	}
+	generated := generatedRules(t)
 	for _, overlay := range overlays {
 		objs := render(t, overlay)
 		for _, kind := range []string{"ClusterRole", "Role"} {
