@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -250,8 +251,8 @@ var Settings = []Setting{
 }
 
 // Choices lists the values a string key accepts, where they are few. The
-// Helm chart's values.schema.json is generated with them; Validate checks
-// the same sets.
+// Helm chart's values.schema.json is generated with them, and Validate and
+// ValidateTail check them.
 var Choices = map[string][]string{
 	"nats.mode":           {"jetstream", "core"},
 	"nats.encoding":       {"structured", "binary"},
@@ -506,6 +507,19 @@ func bad(key string, format string, args ...any) error {
 	return fmt.Errorf("config key %s (env %s): %s", key, EnvName(key), fmt.Sprintf(format, args...))
 }
 
+// validBucketName: letters, digits, '_' and '-' only.
+func validBucketName(name string) bool {
+	return strings.Trim(name, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") == ""
+}
+
+func isChoice(key, val string) bool { return slices.Contains(Choices[key], val) }
+
+// notAChoice is the error for val, which is not one of key's Choices.
+func notAChoice(key, val string) error {
+	c := Choices[key]
+	return bad(key, "%q: want %s or %s", val, strings.Join(c[:len(c)-1], ", "), c[len(c)-1])
+}
+
 // Validate checks every key the bridge uses and names the first bad one.
 func (c *Config) Validate() error {
 	if err := c.validateConnection(); err != nil {
@@ -534,14 +548,14 @@ func (c *Config) Validate() error {
 		return bad("shutdownTimeout", "%s must be positive", c.ShutdownTimeout)
 	case c.LeaderElection.Enabled && c.LeaderElection.ID == "":
 		return bad("leaderElection.id", "must be set when leader election is enabled")
-	case c.NATS.Mode != "jetstream" && c.NATS.Mode != "core":
-		return bad("nats.mode", "%q: want jetstream or core", c.NATS.Mode)
-	case c.NATS.Encoding != "structured" && c.NATS.Encoding != "binary":
-		return bad("nats.encoding", "%q: want structured or binary", c.NATS.Encoding)
+	case !isChoice("nats.mode", c.NATS.Mode):
+		return notAChoice("nats.mode", c.NATS.Mode)
+	case !isChoice("nats.encoding", c.NATS.Encoding):
+		return notAChoice("nats.encoding", c.NATS.Encoding)
 	case c.NATS.AckTimeout <= 0:
 		return bad("nats.ackTimeout", "%s must be positive", c.NATS.AckTimeout)
-	case c.NATS.Stream.Storage != "file" && c.NATS.Stream.Storage != "memory":
-		return bad("nats.stream.storage", "%q: want file or memory", c.NATS.Stream.Storage)
+	case !isChoice("nats.stream.storage", c.NATS.Stream.Storage):
+		return notAChoice("nats.stream.storage", c.NATS.Stream.Storage)
 	case c.NATS.Stream.Replicas < 1 || c.NATS.Stream.Replicas > 5:
 		return bad("nats.stream.replicas", "%d: want 1 to 5", c.NATS.Stream.Replicas)
 	case c.NATS.Stream.MaxAge < 0:
@@ -550,19 +564,19 @@ func (c *Config) Validate() error {
 		return bad("nats.stream.maxBytes", "%d must not be negative", c.NATS.Stream.MaxBytes)
 	case c.NATS.Stream.MaxMsgs < 0:
 		return bad("nats.stream.maxMsgs", "%d must not be negative", c.NATS.Stream.MaxMsgs)
-	case c.NATS.Stream.Discard != "old" && c.NATS.Stream.Discard != "new":
-		return bad("nats.stream.discard", "%q: want old or new", c.NATS.Stream.Discard)
+	case !isChoice("nats.stream.discard", c.NATS.Stream.Discard):
+		return notAChoice("nats.stream.discard", c.NATS.Stream.Discard)
 	case c.NATS.Stream.Duplicates <= 0:
 		return bad("nats.stream.duplicates", "%s must be positive: ids deduplicate republished events", c.NATS.Stream.Duplicates)
-	case c.State.Bucket == "" || strings.Trim(c.State.Bucket, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") != "":
+	case c.State.Bucket == "" || !validBucketName(c.State.Bucket):
 		return bad("state.bucket", "%q must be non-empty and only letters, digits, '_' and '-'", c.State.Bucket)
-	case c.State.Storage != "file" && c.State.Storage != "memory":
-		return bad("state.storage", "%q: want file or memory", c.State.Storage)
+	case !isChoice("state.storage", c.State.Storage):
+		return notAChoice("state.storage", c.State.Storage)
 	case c.State.Replicas < 1 || c.State.Replicas > 5:
 		return bad("state.replicas", "%d: want 1 to 5", c.State.Replicas)
 	case c.Status.Enabled && c.Status.QPS <= 0:
 		return bad("status.qps", "%v must be positive (or set status.enabled to false)", c.Status.QPS)
-	case c.Receipts.Bucket != "" && strings.Trim(c.Receipts.Bucket, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") != "":
+	case c.Receipts.Bucket != "" && !validBucketName(c.Receipts.Bucket):
 		return bad("receipts.bucket", "%q must be only letters, digits, '_' and '-'", c.Receipts.Bucket)
 	case c.Receipts.Bucket != "" && c.Receipts.Bucket == c.State.Bucket:
 		return bad("receipts.bucket", "%q is the record store's bucket (state.bucket)", c.Receipts.Bucket)
@@ -623,14 +637,14 @@ func (c *Config) ValidateTail() error {
 	}
 	t := c.Tail
 	switch {
-	case t.Output != "text" && t.Output != "json":
-		return bad("tail.output", "%q: want text or json", t.Output)
+	case !isChoice("tail.output", t.Output):
+		return notAChoice("tail.output", t.Output)
 	case t.Deliver == "since" && t.Since == "":
 		return bad("tail.since", "must be set with tail.deliver=since")
 	case t.Deliver == "sequence" && t.FromSequence == 0:
 		return bad("tail.fromSequence", "must be at least 1 with tail.deliver=sequence")
-	case t.Deliver != "new" && t.Deliver != "all" && t.Deliver != "last" && t.Deliver != "since" && t.Deliver != "sequence":
-		return bad("tail.deliver", "%q: want new, all, last, since or sequence", t.Deliver)
+	case !isChoice("tail.deliver", t.Deliver):
+		return notAChoice("tail.deliver", t.Deliver)
 	case strings.ContainsAny(t.Durable, ". *>\t"):
 		return bad("tail.durable", "%q must not contain '.', '*', '>' or spaces", t.Durable)
 	}
