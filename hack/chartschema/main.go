@@ -134,7 +134,7 @@ func valuesSchema() obj {
 			"pullPolicy": obj{"type": "string", "enum": []string{"Always", "IfNotPresent", "Never"}},
 		}),
 		"imagePullSecrets": kube("array", "Pull secrets of the pods."),
-		"replicaCount":     obj{"type": "integer", "minimum": 0, "description": "Replicas; with leader election one publishes and the others stand by."},
+		"replicaCount":     obj{"type": "integer", "minimum": 0, "description": "Replicas; with config.shards.count above 1 all publish, each for the shards it holds; with 1, one leads and the others stand by."},
 		"config":           configSchema(),
 		"watch": object("Which Students the bridge publishes; the finalizer policy gets the same scope.", obj{
 			"namespaces": obj{"type": "array", "items": dnsLabel, "description": "Namespaces to watch; empty watches all."},
