@@ -122,10 +122,10 @@ func startReplicas(ctx context.Context, e *env, r *run, n int) (func(), error) {
 		var list coordinationv1.LeaseList
 		if err := e.st.Client.List(ctx, &list, client.InNamespace("default"), client.MatchingLabels{shards.LabelBridge: "bench-" + r.id, shards.LabelRole: shards.RoleShard}); err == nil {
 			held, holders := 0, map[string]int{}
-			for _, l := range list.Items {
-				if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
+			for i := range list.Items {
+				if h := shards.Holder(&list.Items[i], time.Now()); h != "" {
 					held++
-					holders[*l.Spec.HolderIdentity]++
+					holders[h]++
 				}
 			}
 			settled := held == 16 && len(holders) == n
