@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -46,8 +45,7 @@ func TestMain(m *testing.M) {
 // proc is a running student-bridge process.
 type proc struct {
 	cmd  *exec.Cmd
-	mu   sync.Mutex
-	out  bytes.Buffer
+	out  stack.Buffer // stdout and stderr
 	done chan error
 }
 
@@ -68,8 +66,8 @@ func startIn(t *testing.T, dir string, env []string, args ...string) *proc {
 	p.cmd = exec.Command(binary, args...)
 	p.cmd.Dir = dir
 	p.cmd.Env = append(append(os.Environ(), "KUBEBUILDER_ASSETS="+assets), env...)
-	p.cmd.Stdout = lockedWriter{p}
-	p.cmd.Stderr = lockedWriter{p}
+	p.cmd.Stdout = &p.out
+	p.cmd.Stderr = &p.out
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -94,19 +92,7 @@ func startIn(t *testing.T, dir string, env []string, args ...string) *proc {
 	return p
 }
 
-type lockedWriter struct{ p *proc }
-
-func (w lockedWriter) Write(b []byte) (int, error) {
-	w.p.mu.Lock()
-	defer w.p.mu.Unlock()
-	return w.p.out.Write(b)
-}
-
-func (p *proc) output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.out.String()
-}
+func (p *proc) output() string { return p.out.String() }
 
 // waitOutput waits until the output contains s.
 func (p *proc) waitOutput(t *testing.T, s string, timeout time.Duration) {
