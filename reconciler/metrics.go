@@ -29,10 +29,46 @@ var (
 		Help:    "Time from the start of a publish to the broker's acknowledgement (or failure), by CloudEvent type.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 	}, []string{"type"})
+
+	stageLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "student_bridge_stage_duration_seconds",
+		Help: "Time a change spent in each stage of its way through the bridge: queue (watch event to reconcile start), " +
+			"write_ahead (the pending record of a first event), publish (to JetStream's ack), record (the record's write after the ack), " +
+			"finalizer (adding or removing it), status (asked for to written) and kubernetes_event (queued to written).",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
+	}, []string{"stage"})
 )
 
+// Stages of a change's way through the bridge: the "stage" label of
+// student_bridge_stage_duration_seconds.
+const (
+	StageQueue           = "queue"
+	StageWriteAhead      = "write_ahead"
+	StagePublish         = "publish"
+	StageRecord          = "record"
+	StageFinalizer       = "finalizer"
+	StageStatus          = "status"
+	StageKubernetesEvent = "kubernetes_event"
+)
+
+// Stages lists every stage, in the order a change goes through them.
+var Stages = []string{StageQueue, StageWriteAhead, StagePublish, StageRecord, StageFinalizer, StageStatus, StageKubernetesEvent}
+
 func init() {
-	metrics.Registry.MustRegister(eventsPublished, publishLatency)
+	metrics.Registry.MustRegister(eventsPublished, publishLatency, stageLatency)
+	for _, s := range Stages {
+		stageLatency.WithLabelValues(s) // every stage exported from the start, at 0
+	}
+}
+
+// ObserveStage records that something spent d in stage.
+func ObserveStage(stage string, d time.Duration) {
+	stageLatency.WithLabelValues(stage).Observe(d.Seconds())
+}
+
+// since observes the time since start in stage.
+func since(stage string, start time.Time) {
+	ObserveStage(stage, time.Since(start))
 }
 
 // send publishes ev on s and records its latency and result in the metrics;
@@ -40,7 +76,9 @@ func init() {
 func send(ctx context.Context, s sink.Sink, ev cloudevents.Event) (sink.Receipt, error) {
 	start := time.Now()
 	receipt, err := s.Publish(ctx, ev)
-	publishLatency.WithLabelValues(ev.Type()).Observe(time.Since(start).Seconds())
+	took := time.Since(start)
+	publishLatency.WithLabelValues(ev.Type()).Observe(took.Seconds())
+	ObserveStage(StagePublish, took)
 	result := resultSuccess
 	switch {
 	case err != nil:

@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -51,6 +52,9 @@ type StatusWriter struct {
 
 	queue   workqueue.TypedInterface[types.NamespacedName]
 	limiter *rate.Limiter
+	// asked holds when a Student's status was first asked for since its
+	// last write: the status stage's start.
+	asked sync.Map // types.NamespacedName -> time.Time
 }
 
 // NewStatusWriter returns a StatusWriter; add it to the manager to run it.
@@ -70,6 +74,7 @@ func NewStatusWriter(c client.Client, view func(*studentv1.Student) studentv1.St
 // write costs nothing.
 func (w *StatusWriter) Enqueue(key types.NamespacedName) {
 	if w != nil {
+		w.asked.LoadOrStore(key, time.Now())
 		w.queue.Add(key)
 	}
 }
@@ -88,7 +93,10 @@ func (w *StatusWriter) Start(ctx context.Context) error {
 		if shutdown {
 			return nil
 		}
-		if err := w.write(ctx, key); err != nil {
+		// Asks from now on are for a view computed after this write.
+		asked, _ := w.asked.LoadAndDelete(key)
+		start, _ := asked.(time.Time)
+		if err := w.write(ctx, key, start); err != nil {
 			statusWrites.WithLabelValues(resultError).Inc()
 			w.Log.V(1).Info("status write failed", "student", key.String(), "reason", err.Error())
 		}
@@ -96,7 +104,9 @@ func (w *StatusWriter) Start(ctx context.Context) error {
 	}
 }
 
-func (w *StatusWriter) write(ctx context.Context, key types.NamespacedName) error {
+// write writes key's status view if it changed; asked is when it was
+// first asked for (zero if not known).
+func (w *StatusWriter) write(ctx context.Context, key types.NamespacedName, asked time.Time) error {
 	if w.Owns != nil && !w.Owns(key) {
 		return nil
 	}
@@ -137,12 +147,19 @@ func (w *StatusWriter) write(ctx context.Context, key types.NamespacedName) erro
 	stu.Status = view
 	if err := w.Client.Status().Update(ctx, &stu); err != nil {
 		if apierrors.IsConflict(err) {
-			w.queue.Add(key) // written again from a fresher cache
+			// Written again from a fresher cache; the wait goes on.
+			if !asked.IsZero() {
+				w.asked.LoadOrStore(key, asked)
+			}
+			w.queue.Add(key)
 			return nil
 		}
 		return client.IgnoreNotFound(fmt.Errorf("write status of %s: %w", key, err))
 	}
 	statusWrites.WithLabelValues(resultSuccess).Inc()
+	if !asked.IsZero() {
+		since(StageStatus, asked)
+	}
 	return nil
 }
 

@@ -81,6 +81,9 @@ type StudentReconciler struct {
 	gone sync.Map // types.NamespacedName -> *studentv1.Student
 	// failures holds the last publish failure per Student, for the status.
 	failures sync.Map // types.NamespacedName -> error
+	// seen holds when the watch first showed a change of a Student that
+	// no reconcile has started for yet: the queue stage's start.
+	seen sync.Map // types.NamespacedName -> time.Time
 	// catchUp receives the records of Students the cache does not have.
 	catchUp chan event.TypedGenericEvent[*studentv1.Student]
 
@@ -98,6 +101,9 @@ func (r *StudentReconciler) InFlight() int { return int(r.inFlight.Load()) }
 
 // Reconcile publishes the change the Student's current state needs, if any.
 func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
+	if t, ok := r.seen.LoadAndDelete(req.NamespacedName); ok {
+		since(StageQueue, t.(time.Time))
+	}
 	if r.Shards != nil {
 		done, ok := r.Shards.Begin(req.NamespacedName)
 		if !ok {
@@ -310,6 +316,7 @@ func (r *StudentReconciler) patchFinalizers(ctx context.Context, stu *studentv1.
 	if reader == nil {
 		reader = r.Client
 	}
+	defer since(StageFinalizer, time.Now())
 	return PatchFinalizers(ctx, r.Client, reader, stu, 5, change)
 }
 
@@ -376,7 +383,10 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 	if _, known := r.Records.Get(stu.UID); !known {
 		pending := rec
 		pending.Pending = true
-		if err := r.Records.Save(ctx, pending); err != nil {
+		start := time.Now()
+		err := r.Records.Save(ctx, pending)
+		since(StageWriteAhead, start)
+		if err != nil {
 			err = fmt.Errorf("record %s %s before it goes out: %w", typ, ev.ID(), err)
 			r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, failureReason(err), "Publish", "%v", err)
 			return r.failed(key, terminalIfInvalid(err))
@@ -392,7 +402,10 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 	r.Recorder.Eventf(stu, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "published %s to %s, id %s, stream sequence %d", typ, receipt.Subject, ev.ID(), receipt.Sequence)
 
 	rec.Published.Sequence = int64(receipt.Sequence)
-	if err := r.Records.Save(ctx, rec); err != nil {
+	start := time.Now()
+	err = r.Records.Save(ctx, rec)
+	since(StageRecord, start)
+	if err != nil {
 		// The event is out: memory keeps the record, and nothing new goes
 		// out until the store takes it.
 		return r.failed(key, fmt.Errorf("record %s %s: %w", typ, ev.ID(), err))
@@ -590,7 +603,8 @@ func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.O
 	r.catchUp = make(chan event.TypedGenericEvent[*studentv1.Student], 1024)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
-		For(&studentv1.Student{}, builder.WithPredicates(changePredicate(), r.rememberGone())).
+		// stamp last: it sees only what reaches the queue.
+		For(&studentv1.Student{}, builder.WithPredicates(changePredicate(), r.rememberGone(), r.stamp())).
 		WatchesRawSource(source.Channel(r.catchUp, &handler.TypedEnqueueRequestForObject[*studentv1.Student]{})).
 		WithOptions(opts).
 		Complete(r)
@@ -606,6 +620,21 @@ func (r *StudentReconciler) rememberGone() predicate.Predicate {
 			}
 			return true
 		},
+	}
+}
+
+// stamp remembers when the watch showed a change of a Student whose
+// reconcile has not started yet: where the queue stage begins.
+func (r *StudentReconciler) stamp() predicate.Predicate {
+	at := func(o client.Object) bool {
+		r.seen.LoadOrStore(client.ObjectKeyFromObject(o), time.Now())
+		return true
+	}
+	return predicate.Funcs{
+		CreateFunc:  func(e event.CreateEvent) bool { return at(e.Object) },
+		UpdateFunc:  func(e event.UpdateEvent) bool { return at(e.ObjectNew) },
+		DeleteFunc:  func(e event.DeleteEvent) bool { return at(e.Object) },
+		GenericFunc: func(e event.GenericEvent) bool { return at(e.Object) },
 	}
 }
 

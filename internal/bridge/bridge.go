@@ -174,6 +174,7 @@ func addReconciler(mgr manager.Manager, cfg *config.Config, pub *natssink.Publis
 			QPS:        cfg.KubernetesEventsQPS,
 			Log:        log.WithName("events"),
 			Busy:       busy,
+			Waited:     func(d time.Duration) { reconciler.ObserveStage(reconciler.StageKubernetesEvent, d) },
 		})
 		if err != nil {
 			return nil, err

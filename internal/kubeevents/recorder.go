@@ -58,6 +58,9 @@ type Options struct {
 	// then wait (and, once the queue is full, are dropped) so that they
 	// never take API server capacity the caller needs.
 	Busy func() bool
+	// Waited, if set, is told how long each Event written waited from
+	// Eventf to its write's success.
+	Waited func(time.Duration)
 }
 
 // Recorder implements client-go's events.EventRecorder. Start it (it is a
@@ -227,6 +230,9 @@ func (r *Recorder) write(ctx context.Context) {
 				continue
 			}
 			recorded.WithLabelValues("written").Inc()
+			if r.opts.Waited != nil {
+				r.opts.Waited(r.now().Sub(ev.EventTime.Time))
+			}
 		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/student-bridge/student-bridge/reconciler"
 )
 
 // TestSmoke runs the whole harness briefly, so that `make bench` cannot rot:
@@ -40,6 +42,10 @@ func TestSmoke(t *testing.T) {
 		if v.bridge && unobserved != 0 {
 			t.Errorf("%s: %d Students unobserved despite the finalizer policy", v.name, unobserved)
 		}
+	}
+	// The bridge as deployed goes through every stage, each measured.
+	if !regexp.MustCompile(`(?m)^\| student-bridge \| 20 \|( [\d.]+ / [\d.]+ \|){` + strconv.Itoa(len(reconciler.Stages)) + `}$`).MatchString(table) {
+		t.Errorf("no stage latencies of every stage for student-bridge:\n%s", table)
 	}
 	if !strings.Contains(table, "student-bridge (two services) at 20/s: a service's receipt shows on the Student after p50") {
 		t.Errorf("no receipt-to-status latency of the variant with services:\n%s", table)

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stages"
 )
 
 // change is one create, update or delete the generator scheduled.
@@ -122,6 +123,8 @@ type result struct {
 	// the services applied.
 	receiptToStatus []time.Duration
 	applied         int64
+	// stages is what the bridge's stage histograms observed in the run.
+	stages map[string]stages.Histogram
 }
 
 func (t *tracker) result(variant string, rate int) result {

@@ -42,7 +42,15 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stages"
+	"github.com/student-bridge/student-bridge/reconciler"
 )
+
+// cellKey names a cell of the results: a variant at a rate.
+type cellKey struct {
+	variant string
+	rate    int
+}
 
 type options struct {
 	rates    []int
@@ -116,10 +124,6 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	}
 	benchDuration = o.duration
 
-	type key struct {
-		variant string
-		rate    int
-	}
 	type task struct {
 		v    variant
 		rate int
@@ -137,14 +141,14 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 		}
 	}
 	rand.Shuffle(len(tasks), func(i, j int) { tasks[i], tasks[j] = tasks[j], tasks[i] })
-	results := map[key][]result{}
+	results := map[cellKey][]result{}
 	for i, t := range tasks {
 		r, err := runOne(ctx, e, t.v, t.rate, fmt.Sprintf("r%d", i))
 		if err != nil {
 			return fmt.Errorf("%s at %d/s: %w", t.v.name, t.rate, err)
 		}
 		fmt.Fprintf(os.Stderr, "[%d/%d] %-32s %5d/s p99 %-8s covered %d/%d lost %d\n", i+1, len(tasks), t.v.name, t.rate, r.p99.Round(time.Millisecond), r.covered, r.made, r.lostFinal)
-		results[key{t.v.name, t.rate}] = append(results[key{t.v.name, t.rate}], r)
+		results[cellKey{t.v.name, t.rate}] = append(results[cellKey{t.v.name, t.rate}], r)
 	}
 
 	var b strings.Builder
@@ -155,7 +159,7 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	sustained := map[string]int{}
 	for _, v := range variants {
 		for _, rate := range o.rates {
-			rs := results[key{v.name, rate}]
+			rs := results[cellKey{v.name, rate}]
 			if len(rs) == 0 {
 				continue
 			}
@@ -189,10 +193,11 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 				covered, made, lost, unobserved, dup, wpc, epc, cpu/float64(made)*1000, cpCPU/float64(made)*1000, keptUp)
 		}
 	}
+	b.WriteString(stageTable(o, results))
 	b.WriteString("\nHighest sustained rate (p99 < 1 s, no lost final state, generator kept its schedule):\n\n")
 	probeRuns := 0 // names each probe's namespace and stream
 	for _, v := range variants {
-		if _, ok := results[key{v.name, o.rates[0]}]; !ok {
+		if _, ok := results[cellKey{v.name, o.rates[0]}]; !ok {
 			continue
 		}
 		lo, hi := sustained[v.name], 0
@@ -234,7 +239,7 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 			continue
 		}
 		for _, rate := range o.rates {
-			rs := results[key{v.name, rate}]
+			rs := results[cellKey{v.name, rate}]
 			if len(rs) == 0 {
 				continue
 			}
@@ -268,6 +273,45 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 		return os.WriteFile(o.out, []byte(b.String()), 0o644)
 	}
 	return nil
+}
+
+// stageTable shows where the time of a change goes in the bridge: each
+// stage's p50 and p99 per bridge variant and rate, from the stage
+// histograms of all repetitions of the cell together.
+func stageTable(o options, results map[cellKey][]result) string {
+	var b strings.Builder
+	b.WriteString("\nWhere the time goes (student_bridge_stage_duration_seconds, p50 / p99 ms, all repetitions of a cell; replicas together):\n\n")
+	b.WriteString("| variant | rate/s |")
+	for _, s := range reconciler.Stages {
+		fmt.Fprintf(&b, " %s |", s)
+	}
+	b.WriteString("\n| --- | --- |" + strings.Repeat(" --- |", len(reconciler.Stages)) + "\n")
+	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 1, 64) }
+	for _, v := range variants {
+		if !v.bridge {
+			continue
+		}
+		for _, rate := range o.rates {
+			rs := results[cellKey{v.name, rate}]
+			if len(rs) == 0 {
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | %d |", v.name, rate)
+			for _, s := range reconciler.Stages {
+				var h stages.Histogram
+				for _, r := range rs {
+					h = stages.Add(h, r.stages[s])
+				}
+				if h.Count == 0 {
+					b.WriteString(" - |")
+					continue
+				}
+				fmt.Fprintf(&b, " %s / %s |", ms(h.Quantile(0.5)), ms(h.Quantile(0.99)))
+			}
+			b.WriteString("\n")
+		}
+	}
+	return b.String()
 }
 
 // kept reports whether a cell kept up: the generator on schedule, no lost
@@ -311,6 +355,11 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 		}()
 	}
 	cpu0, cp0 := cpuSeconds(), controlPlaneCPU()
+	stages0, err := stages.Snapshot()
+	if err != nil {
+		stop()
+		return result{}, err
+	}
 	var behind bool
 	if v.k8s {
 		behind = generate(ctx, e.st.Client, r.ns, rate, durationFor(rate), r.tr, uint64(time.Now().UnixNano()))
@@ -319,8 +368,13 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 	}
 	settle(r.tr)
 	cpu, cpCPU := cpuSeconds()-cpu0, controlPlaneCPU()-cp0
+	stages1, err := stages.Snapshot()
 	stop()
+	if err != nil {
+		return result{}, err
+	}
 	res := r.tr.result(v.name, rate)
+	res.stages = stages.Since(stages0, stages1)
 	if os.Getenv("BENCH_DEBUG") != "" {
 		for _, n := range res.lostNames {
 			var s studentv1.Student

@@ -1,0 +1,115 @@
+// Package stages reads student_bridge_stage_duration_seconds from the
+// metrics registry of the process, for the benchmark and the tests: a
+// snapshot per stage, the difference of two snapshots, and quantiles
+// estimated from the buckets as Prometheus' histogram_quantile does.
+package stages
+
+import (
+	"math"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Metric is the histogram's name.
+const Metric = "student_bridge_stage_duration_seconds"
+
+// Histogram is one stage's cumulative histogram.
+type Histogram struct {
+	Count uint64
+	Sum   float64
+	// Bounds are the upper bounds of the buckets, ascending; Cumulative
+	// the observations at or below each.
+	Bounds     []float64
+	Cumulative []uint64
+}
+
+// Snapshot reads every stage's histogram now.
+func Snapshot() (map[string]Histogram, error) {
+	families, err := metrics.Registry.(prometheus.Gatherer).Gather()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]Histogram{}
+	for _, f := range families {
+		if f.GetName() != Metric {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			stage := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "stage" {
+					stage = l.GetValue()
+				}
+			}
+			h := m.GetHistogram()
+			s := Histogram{Count: h.GetSampleCount(), Sum: h.GetSampleSum()}
+			for _, b := range h.GetBucket() {
+				s.Bounds = append(s.Bounds, b.GetUpperBound())
+				s.Cumulative = append(s.Cumulative, b.GetCumulativeCount())
+			}
+			out[stage] = s
+		}
+	}
+	return out, nil
+}
+
+// Since is what was observed in each stage between before and after.
+func Since(before, after map[string]Histogram) map[string]Histogram {
+	out := map[string]Histogram{}
+	for stage, a := range after {
+		b := before[stage]
+		d := Histogram{Count: a.Count - b.Count, Sum: a.Sum - b.Sum, Bounds: a.Bounds}
+		for i, c := range a.Cumulative {
+			if i < len(b.Cumulative) {
+				c -= b.Cumulative[i]
+			}
+			d.Cumulative = append(d.Cumulative, c)
+		}
+		out[stage] = d
+	}
+	return out
+}
+
+// Add sums histograms of the same buckets (repetitions of one cell).
+func Add(a, b Histogram) Histogram {
+	if a.Bounds == nil {
+		return b
+	}
+	out := Histogram{Count: a.Count + b.Count, Sum: a.Sum + b.Sum, Bounds: a.Bounds}
+	for i := range a.Cumulative {
+		out.Cumulative = append(out.Cumulative, a.Cumulative[i]+b.Cumulative[i])
+	}
+	return out
+}
+
+// Quantile estimates the q-quantile (0 < q < 1) by linear interpolation
+// within the bucket it falls in; observations above the last bound count
+// as the last bound. It is 0 without observations.
+func (h Histogram) Quantile(q float64) time.Duration {
+	if h.Count == 0 {
+		return 0
+	}
+	rank := q * float64(h.Count)
+	lower, below := 0.0, uint64(0)
+	for i, c := range h.Cumulative {
+		if float64(c) >= rank {
+			inBucket := float64(c - below)
+			frac := 1.0
+			if inBucket > 0 {
+				frac = (rank - float64(below)) / inBucket
+			}
+			return seconds(lower + (h.Bounds[i]-lower)*frac)
+		}
+		lower, below = h.Bounds[i], c
+	}
+	return seconds(lower)
+}
+
+func seconds(s float64) time.Duration {
+	if math.IsInf(s, 0) || math.IsNaN(s) {
+		return 0
+	}
+	return time.Duration(s * float64(time.Second))
+}
