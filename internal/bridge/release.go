@@ -121,8 +121,9 @@ func waitUntilFree(ctx context.Context, read func(context.Context) ([]coordinati
 			return nil, err
 		}
 		held := ""
+		holders := shards.Holders(leases, time.Now())
 		for i := range leases {
-			if h := shards.Holder(&leases[i], time.Now()); h != "" {
+			if h := holders[leases[i].Name]; h != "" {
 				held = fmt.Sprintf("Lease %s/%s is held by %q", leases[i].Namespace, leases[i].Name, h)
 				break
 			}

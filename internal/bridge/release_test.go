@@ -99,7 +99,8 @@ func TestReleaseFinalizersWaitsForTheLeader(t *testing.T) {
 }
 
 // TestReleaseFinalizersWaitsForEveryShard: with active-active replicas,
-// release-finalizers waits until no shard Lease is held, then releases and
+// release-finalizers waits until no shard Lease is held (while its holder's
+// member Lease lives), then releases and
 // deletes the Leases.
 func TestReleaseFinalizersWaitsForEveryShard(t *testing.T) {
 	ctx := context.Background()
@@ -117,12 +118,16 @@ func TestReleaseFinalizersWaitsForEveryShard(t *testing.T) {
 	if err := st.Client.Create(ctx, stu); err != nil {
 		t.Fatal(err)
 	}
-	labels := map[string]string{shards.LabelBridge: cfg.LeaderElection.ID, shards.LabelRole: shards.RoleShard}
-	free := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cfg.LeaderElection.ID + "-shard-0", Labels: labels},
-		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("")}}
-	held := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cfg.LeaderElection.ID + "-shard-1", Labels: labels},
-		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("bridge-1"), LeaseDurationSeconds: ptr.To[int32](15), RenewTime: &metav1.MicroTime{Time: time.Now()}}}
-	for _, l := range []*coordinationv1.Lease{free, held} {
+	lease := func(name, role, holder string) *coordinationv1.Lease {
+		return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: cfg.LeaderElection.ID + name,
+			Labels: map[string]string{shards.LabelBridge: cfg.LeaderElection.ID, shards.LabelRole: role}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To(holder)}}
+	}
+	// A shard Lease is held while its holder's member Lease is live.
+	free, held, orphan := lease("-shard-0", shards.RoleShard, ""), lease("-shard-1", shards.RoleShard, "bridge-1"), lease("-shard-2", shards.RoleShard, "bridge-2")
+	member := lease("-member-bridge-1", shards.RoleMember, "bridge-1")
+	member.Spec.LeaseDurationSeconds, member.Spec.RenewTime = ptr.To[int32](15), &metav1.MicroTime{Time: time.Now()}
+	for _, l := range []*coordinationv1.Lease{free, held, orphan, member} {
 		if err := st.Client.Create(ctx, l); err != nil {
 			t.Fatal(err)
 		}
@@ -130,14 +135,14 @@ func TestReleaseFinalizersWaitsForEveryShard(t *testing.T) {
 	if _, err := bridge.ReleaseFinalizers(ctx, cfg, st.RestConfig, time.Second); err == nil || !strings.Contains(err.Error(), `held by "bridge-1"`) {
 		t.Fatalf("with a shard held: %v, want an error naming the holder", err)
 	}
-	held.Spec.HolderIdentity = ptr.To("")
-	if err := st.Client.Update(ctx, held); err != nil {
+	// bridge-1 stopped: its member Lease is gone, and its shard free.
+	if err := st.Client.Delete(ctx, member); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := bridge.ReleaseFinalizers(ctx, cfg, st.RestConfig, time.Second); err != nil || n != 1 {
 		t.Fatalf("with every shard free: released %d, %v; want 1", n, err)
 	}
-	for _, l := range []*coordinationv1.Lease{free, held} {
+	for _, l := range []*coordinationv1.Lease{free, held, orphan} {
 		if err := st.Client.Get(ctx, client.ObjectKeyFromObject(l), &coordinationv1.Lease{}); !apierrors.IsNotFound(err) {
 			t.Errorf("Lease %s not deleted (%v)", l.Name, err)
 		}

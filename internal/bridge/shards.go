@@ -39,7 +39,7 @@ func addShards(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config, r 
 	of := func(key types.NamespacedName) int { return shards.Of(key.Namespace, key.Name, count) }
 	m := shards.New(shards.Options{
 		Client: c, Namespace: leaseNamespace(cfg), Name: cfg.LeaderElection.ID, Count: count, Identity: identity(),
-		LeaseDuration: cfg.LeaderElection.LeaseDuration, RetryPeriod: cfg.LeaderElection.RetryPeriod,
+		LeaseDuration: cfg.LeaderElection.LeaseDuration, RenewDeadline: cfg.LeaderElection.RenewDeadline, RetryPeriod: cfg.LeaderElection.RetryPeriod,
 		Load: func(ctx context.Context, n int) error {
 			return r.Records.ReloadWhere(ctx, func(rec studentv1.StudentRecord) bool {
 				return of(types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}) == n

@@ -1,10 +1,16 @@
 // Package shards shares the Students out among active-active bridge
 // replicas. There is a fixed number of shards; a Student's shard is a
-// stable hash of its namespace/name (Of). Every shard has a Lease,
-// contested by every replica; a replica takes at most its fair share
-// (shards / live replicas, one more for some) while others are live, and
-// an abandoned shard once its Lease expired. Replicas announce themselves with a member
-// Lease each, which is how they count each other.
+// stable hash of its namespace/name (Of).
+//
+// Every replica announces itself with a member Lease, the only Lease it
+// renews. Every shard has a Lease naming its holder, written only when the
+// shard changes hands (a conditional update, so only one replica takes
+// it): a shard is held while its holder's member Lease is live, and free
+// once it expired or was deleted. A replica takes at most its fair share
+// (shards / live replicas, one more for some) while others are live. So
+// at rest N replicas write N Leases per renewal, whatever the number of
+// shards, and a replica killed pauses its shards for at most the lease
+// duration and a retry period, as with a Lease per shard.
 package shards
 
 import (
@@ -77,9 +83,14 @@ type Options struct {
 	Count           int
 	// Identity names this replica (unique among the live ones).
 	Identity string
-	// LeaseDuration: a Lease not renewed for this long is free.
-	// RetryPeriod: how often Leases are renewed and contested.
-	LeaseDuration, RetryPeriod time.Duration
+	// LeaseDuration: a member Lease not renewed for this long is dead,
+	// and its shards free. RenewDeadline: a replica that could not renew
+	// its member Lease for this long gives up its shards before the others
+	// may take them; it renews every LeaseDuration - RenewDeadline (2/3 of
+	// LeaseDuration when RenewDeadline is not between RetryPeriod and
+	// LeaseDuration). RetryPeriod: how often Leases are read and shards
+	// contested.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// Load prepares a shard this replica gained (its records); the shard
 	// counts as held only once it returned nil.
 	Load func(ctx context.Context, shard int) error
@@ -96,10 +107,15 @@ type Manager struct {
 	idle     *sync.Cond
 	owned    []bool
 	inflight []int
+
+	renewed time.Time // the member Lease's last successful renewal
 }
 
 // New returns a Manager; add it to the controller manager to run it.
 func New(o Options) *Manager {
+	if o.RenewDeadline <= o.RetryPeriod || o.RenewDeadline >= o.LeaseDuration {
+		o.RenewDeadline = o.LeaseDuration * 2 / 3
+	}
 	m := &Manager{o: o, owned: make([]bool, o.Count), inflight: make([]int, o.Count)}
 	m.idle = sync.NewCond(&m.mu)
 	return m
@@ -193,25 +209,28 @@ func (m *Manager) shardLease(n int) string { return fmt.Sprintf("%s-shard-%d", m
 func (m *Manager) step(ctx context.Context) error {
 	now := time.Now()
 	if err := m.renewMember(ctx, now); err != nil {
+		if held := m.Held(); len(held) > 0 && now.Sub(m.renewed) > m.o.RenewDeadline {
+			// The others may count this replica as gone soon, and take
+			// its shards: stop publishing for them first.
+			m.o.Log.Info("could not renew the member Lease within the renew deadline; giving up every shard", "shards", held, "reason", err.Error())
+			for _, n := range held {
+				m.giveUp(n, "lost")
+			}
+			shardsHeld.Set(0)
+		}
 		return err
 	}
 	var list coordinationv1.LeaseList
 	if err := m.o.Client.List(ctx, &list, client.InNamespace(m.o.Namespace), client.MatchingLabels{LabelBridge: m.o.Name}); err != nil {
 		return fmt.Errorf("list Leases: %w", err)
 	}
-	members := map[string]bool{m.o.Identity: true} // live replicas
+	members := liveMembers(list.Items, now)
+	members[m.o.Identity] = true
 	shards := map[int]*coordinationv1.Lease{}
 	for i := range list.Items {
 		l := &list.Items[i]
-		switch l.Labels[LabelRole] {
-		case RoleMember:
-			if !expired(l, now) {
-				members[holder(l)] = true
-			}
-		case RoleShard:
-			if n, err := strconv.Atoi(l.Annotations[annotationShard]); err == nil && n >= 0 && n < m.o.Count {
-				shards[n] = l
-			}
+		if n, ok := shardOf(l); ok && n < m.o.Count {
+			shards[n] = l
 		}
 	}
 	// Every live replica has a target: count/live shards, one more for
@@ -227,15 +246,10 @@ func (m *Manager) step(ctx context.Context) error {
 		target++
 	}
 
-	// Renew what is held; what another replica holds now is lost.
+	// What another replica holds now is lost. What is held needs no
+	// write: the member Lease renewed above keeps it.
 	for _, n := range m.Held() {
-		l := shards[n]
-		if l == nil || holder(l) != m.o.Identity {
-			m.giveUp(n, "lost")
-			continue
-		}
-		l.Spec.RenewTime = &metav1.MicroTime{Time: now}
-		if err := m.o.Client.Update(ctx, l); err != nil {
+		if l := shards[n]; l == nil || holder(l) != m.o.Identity {
 			m.giveUp(n, "lost")
 		}
 	}
@@ -252,8 +266,7 @@ func (m *Manager) step(ctx context.Context) error {
 	// Take free or abandoned shards up to the fair share.
 	free := []int{}
 	for n := range m.o.Count {
-		l := shards[n]
-		if l == nil || holder(l) == "" || expired(l, now) {
+		if l := shards[n]; l == nil || !members[holder(l)] || holder(l) == m.o.Identity && !m.owns(n) {
 			free = append(free, n)
 		}
 	}
@@ -270,20 +283,25 @@ func (m *Manager) step(ctx context.Context) error {
 	return nil
 }
 
+func (m *Manager) owns(n int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.owned[n]
+}
+
 // acquire takes shard n (Lease l, nil if it does not exist yet) with a
 // conditional write, then loads it and queues its Students.
 func (m *Manager) acquire(ctx context.Context, n int, l *coordinationv1.Lease, now time.Time) error {
-	dur := int32(m.o.LeaseDuration / time.Second)
 	if l == nil {
 		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: m.o.Namespace, Name: m.shardLease(n),
 			Labels:      map[string]string{LabelBridge: m.o.Name, LabelRole: RoleShard},
 			Annotations: map[string]string{annotationShard: strconv.Itoa(n)}}}
-		m.fill(l, now, dur)
+		m.fill(l, now, 0)
 		if err := m.o.Client.Create(ctx, l); err != nil {
 			return err
 		}
 	} else {
-		m.fill(l, now, dur)
+		m.fill(l, now, 0)
 		if err := m.o.Client.Update(ctx, l); err != nil {
 			return err // another replica was quicker
 		}
@@ -303,13 +321,19 @@ func (m *Manager) acquire(ctx context.Context, n int, l *coordinationv1.Lease, n
 	return nil
 }
 
+// fill makes l held by this replica at now: for dur seconds (a member
+// Lease), or, with dur 0, for as long as its member Lease lives (a shard
+// Lease: no duration of its own, renewTime is when it was taken).
 func (m *Manager) fill(l *coordinationv1.Lease, now time.Time, dur int32) {
 	if holder(l) != m.o.Identity {
 		l.Spec.LeaseTransitions = ptr.To(ptr.Deref(l.Spec.LeaseTransitions, 0) + 1)
 		l.Spec.AcquireTime = &metav1.MicroTime{Time: now}
 	}
 	l.Spec.HolderIdentity = ptr.To(m.o.Identity)
-	l.Spec.LeaseDurationSeconds = ptr.To(max(dur, 1))
+	l.Spec.LeaseDurationSeconds = nil
+	if dur > 0 {
+		l.Spec.LeaseDurationSeconds = ptr.To(dur)
+	}
 	l.Spec.RenewTime = &metav1.MicroTime{Time: now}
 }
 
@@ -328,21 +352,30 @@ func (m *Manager) giveUp(n int, kind string) {
 	m.o.Log.Info("gave up shard", "shard", n, "why", kind)
 }
 
+// renewMember renews this replica's member Lease when it is due (every
+// LeaseDuration - RenewDeadline), creating it the first time.
 func (m *Manager) renewMember(ctx context.Context, now time.Time) error {
+	if !m.renewed.IsZero() && now.Sub(m.renewed) < m.o.LeaseDuration-m.o.RenewDeadline {
+		return nil
+	}
+	dur := max(int32(m.o.LeaseDuration/time.Second), 1)
 	name := m.o.Name + "-member-" + m.o.Identity
 	var l coordinationv1.Lease
 	err := m.o.Client.Get(ctx, client.ObjectKey{Namespace: m.o.Namespace, Name: name}, &l)
 	if apierrors.IsNotFound(err) {
 		l = coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: m.o.Namespace, Name: name,
 			Labels: map[string]string{LabelBridge: m.o.Name, LabelRole: RoleMember}}}
-		m.fill(&l, now, int32(m.o.LeaseDuration/time.Second))
-		return m.o.Client.Create(ctx, &l)
+		m.fill(&l, now, dur)
+		err = m.o.Client.Create(ctx, &l)
+	} else if err == nil {
+		m.fill(&l, now, dur)
+		err = m.o.Client.Update(ctx, &l)
 	}
 	if err != nil {
-		return fmt.Errorf("read member Lease: %w", err)
+		return fmt.Errorf("renew member Lease: %w", err)
 	}
-	m.fill(&l, now, int32(m.o.LeaseDuration/time.Second))
-	return m.o.Client.Update(ctx, &l)
+	m.renewed = now
+	return nil
 }
 
 // releaseAll gives up every shard and frees its Lease, and removes the
@@ -369,13 +402,57 @@ func (m *Manager) releaseAll() {
 
 func holder(l *coordinationv1.Lease) string { return ptr.Deref(l.Spec.HolderIdentity, "") }
 
-// Holder is who holds l at now: its holder, unless it has none or did not
-// renew it for its duration ("" then: the Lease is free).
-func Holder(l *coordinationv1.Lease, now time.Time) string {
-	if expired(l, now) {
-		return ""
+// shardOf is the shard a shard Lease is for (false for other Leases).
+func shardOf(l *coordinationv1.Lease) (int, bool) {
+	if l.Labels[LabelRole] != RoleShard {
+		return 0, false
 	}
-	return holder(l)
+	n, err := strconv.Atoi(l.Annotations[annotationShard])
+	return n, err == nil && n >= 0
+}
+
+// liveMembers is the set of replicas whose member Lease in leases is live
+// at now.
+func liveMembers(leases []coordinationv1.Lease, now time.Time) map[string]bool {
+	out := map[string]bool{}
+	for i := range leases {
+		if l := &leases[i]; l.Labels[LabelRole] == RoleMember && !expired(l, now) {
+			out[holder(l)] = true
+		}
+	}
+	return out
+}
+
+// Holders maps the name of every Lease in leases to who holds it at now,
+// "" if nobody: a shard Lease is held by its holder while that holder's
+// member Lease (which must be in leases too) is live; a member Lease, or
+// any other Lease (the leader election's), by its holder until it was not
+// renewed for its duration.
+func Holders(leases []coordinationv1.Lease, now time.Time) map[string]string {
+	members := liveMembers(leases, now)
+	out := map[string]string{}
+	for i := range leases {
+		l := &leases[i]
+		h := holder(l)
+		if _, ok := shardOf(l); ok && !members[h] || !ok && expired(l, now) {
+			h = ""
+		}
+		out[l.Name] = h
+	}
+	return out
+}
+
+// ShardHolders maps every shard that is held at now to its holder, from
+// the Leases of one bridge (its shard and member Leases).
+func ShardHolders(leases []coordinationv1.Lease, now time.Time) map[int]string {
+	holders := Holders(leases, now)
+	out := map[int]string{}
+	for i := range leases {
+		if n, ok := shardOf(&leases[i]); ok && holders[leases[i].Name] != "" {
+			out[n] = holders[leases[i].Name]
+		}
+	}
+	return out
 }
 
 func expired(l *coordinationv1.Lease, now time.Time) bool {

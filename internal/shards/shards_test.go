@@ -2,14 +2,20 @@ package shards_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/internal/stack"
@@ -48,12 +54,16 @@ type replica struct {
 	done   chan struct{}
 }
 
-func startReplica(t *testing.T, name, id string, count int) *replica {
+func startReplica(t *testing.T, name, id string, count int, opts ...func(*shards.Options)) *replica {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	m := shards.New(shards.Options{Client: st.Client, Namespace: "default", Name: name, Count: count, Identity: id,
-		LeaseDuration: 3 * time.Second, RetryPeriod: 500 * time.Millisecond,
-		Load: func(context.Context, int) error { return nil }, Enqueue: func(context.Context, int) {}, Log: logr.Discard()})
+	o := shards.Options{Client: st.Client, Namespace: "default", Name: name, Count: count, Identity: id,
+		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 500 * time.Millisecond,
+		Load: func(context.Context, int) error { return nil }, Enqueue: func(context.Context, int) {}, Log: logr.Discard()}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	m := shards.New(o)
 	r := &replica{m: m, cancel: cancel, done: make(chan struct{})}
 	go func() { defer close(r.done); _ = m.Start(ctx) }()
 	t.Cleanup(r.stop)
@@ -126,4 +136,194 @@ func TestSharesSettleAndMove(t *testing.T) {
 	waitShares(t, []*replica{a, b}, 16, [2]int{8, 8}, [2]int{8, 8})
 	d := startReplica(t, name, "d", 16)
 	waitShares(t, []*replica{a, b, d}, 16, [2]int{5, 6}, [2]int{5, 6}, [2]int{5, 6})
+}
+
+// leaseClient is a client of the test API server that counts the Lease
+// writes made through it, and fails every call once cut.
+type leaseClient struct {
+	client.Client
+	writes atomic.Int64
+	cut    atomic.Bool
+}
+
+func newLeaseClient(t *testing.T) *leaseClient {
+	t.Helper()
+	base, err := client.NewWithWatch(st.RestConfig, client.Options{Scheme: st.Client.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &leaseClient{}
+	refuse := func() error {
+		if c.cut.Load() {
+			return errors.New("cut off from the API server")
+		}
+		return nil
+	}
+	write := func() error {
+		if err := refuse(); err != nil {
+			return err
+		}
+		c.writes.Add(1)
+		return nil
+	}
+	c.Client = interceptor.NewClient(base, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if err := refuse(); err != nil {
+				return err
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+		List: func(ctx context.Context, c client.WithWatch, list client.ObjectList, opts ...client.ListOption) error {
+			if err := refuse(); err != nil {
+				return err
+			}
+			return c.List(ctx, list, opts...)
+		},
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if err := write(); err != nil {
+				return err
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			if err := write(); err != nil {
+				return err
+			}
+			return c.Update(ctx, obj, opts...)
+		},
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			if err := write(); err != nil {
+				return err
+			}
+			return c.Delete(ctx, obj, opts...)
+		},
+	})
+	return c
+}
+
+func withClient(c client.Client) func(*shards.Options) {
+	return func(o *shards.Options) { o.Client = c }
+}
+
+// TestIdleWritesOneLeasePerReplica: at rest, replicas renew only their
+// member Lease, once every LeaseDuration - RenewDeadline, whatever the
+// number of shards: three replicas over 16 shards write about 3 Leases a
+// second here (a Lease renewed per shard and retry period would be 38).
+func TestIdleWritesOneLeasePerReplica(t *testing.T) {
+	name := fmt.Sprintf("idle-%d", time.Now().UnixNano()%100000)
+	c := newLeaseClient(t)
+	// Renewed every second, read every 100 ms.
+	timing := func(o *shards.Options) {
+		o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = 3*time.Second, 2*time.Second, 100*time.Millisecond
+	}
+	rs := []*replica{
+		startReplica(t, name, "a", 16, withClient(c), timing),
+		startReplica(t, name, "b", 16, withClient(c), timing),
+		startReplica(t, name, "c", 16, withClient(c), timing),
+	}
+	waitShares(t, rs, 16, [2]int{5, 6}, [2]int{5, 6}, [2]int{5, 6})
+	time.Sleep(time.Second) // the last handovers' writes are done
+	before, t0 := c.writes.Load(), time.Now()
+	time.Sleep(3 * time.Second)
+	writes, elapsed := c.writes.Load()-before, time.Since(t0)
+	// Each replica renews at most once per second of the window, plus one
+	// renewal due at its start.
+	if limit := int64(len(rs)) * (int64(elapsed/time.Second) + 1); writes > limit {
+		t.Errorf("%d Lease writes in %s at rest by %d replicas over 16 shards, want at most %d (one member Lease each per second)", writes, elapsed.Round(time.Millisecond), len(rs), limit)
+	}
+	waitShares(t, rs, 16, [2]int{5, 6}, [2]int{5, 6}, [2]int{5, 6})
+}
+
+// TestGracefulStopHandsOverWithinARetryPeriod: a replica that stops
+// releases its shard Leases and deletes its member Lease, so that the
+// others take its shards at their next retry, not once its Lease expired
+// (a minute here).
+func TestGracefulStopHandsOverWithinARetryPeriod(t *testing.T) {
+	name := fmt.Sprintf("graceful-%d", time.Now().UnixNano()%100000)
+	long := func(o *shards.Options) {
+		o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = time.Minute, 40*time.Second, 200*time.Millisecond
+	}
+	a, b := startReplica(t, name, "a", 8, long), startReplica(t, name, "b", 8, long)
+	waitShares(t, []*replica{a, b}, 8, [2]int{4, 4}, [2]int{4, 4})
+	b.stop()
+	t0 := time.Now()
+	if err := stack.Eventually(20*time.Second, func() error {
+		if n := len(a.m.Held()); n != 8 {
+			return fmt.Errorf("a holds %d of 8 shards", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("after b stopped (lease 1m, retry 200ms): %v", err)
+	}
+	t.Logf("a held every shard %s after b stopped", time.Since(t0).Round(time.Millisecond))
+}
+
+// TestGiveUpWaitsForWorkInFlight: a replica gives a shard up (here: it
+// stops) only once the reconciles in flight for it have ended; until
+// then its Lease still names it.
+func TestGiveUpWaitsForWorkInFlight(t *testing.T) {
+	name := fmt.Sprintf("inflight-%d", time.Now().UnixNano()%100000)
+	a := startReplica(t, name, "a", 2)
+	waitShares(t, []*replica{a}, 2, [2]int{2, 2})
+	key := types.NamespacedName{Namespace: "ns", Name: "s"}
+	done, ok := a.m.Begin(key)
+	if !ok {
+		t.Fatal("a holds every shard but Begin refused")
+	}
+	stopped := make(chan struct{})
+	go func() { a.stop(); close(stopped) }()
+	lease := fmt.Sprintf("%s-shard-%d", name, a.m.Shard(key))
+	time.Sleep(time.Second)
+	select {
+	case <-stopped:
+		t.Fatal("a stopped while a reconcile of its shard was in flight")
+	default:
+	}
+	if h := leaseHolder(t, lease); h != "a" {
+		t.Fatalf("while a reconcile is in flight the shard's Lease names %q, want a", h)
+	}
+	if _, ok := a.m.Begin(key); ok {
+		t.Error("a giving the shard up still began new work for it")
+	}
+	done()
+	select {
+	case <-stopped:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a did not stop once the reconcile ended")
+	}
+	if h := leaseHolder(t, lease); h != "" {
+		t.Errorf("after a stopped the shard's Lease names %q, want nobody", h)
+	}
+}
+
+func leaseHolder(t *testing.T, name string) string {
+	t.Helper()
+	var l coordinationv1.Lease
+	if err := st.Client.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: name}, &l); err != nil {
+		t.Fatal(err)
+	}
+	return ptr.Deref(l.Spec.HolderIdentity, "")
+}
+
+// TestCutOffReplicaGivesUpItsShards: a replica that cannot reach the API
+// server cannot renew its member Lease; it gives up its shards after the
+// renew deadline, before its Lease expires, and the other replica takes
+// them once it expired.
+func TestCutOffReplicaGivesUpItsShards(t *testing.T) {
+	name := fmt.Sprintf("cutoff-%d", time.Now().UnixNano()%100000)
+	c := newLeaseClient(t)
+	a, b := startReplica(t, name, "a", 4, withClient(c)), startReplica(t, name, "b", 4)
+	waitShares(t, []*replica{a, b}, 4, [2]int{2, 2}, [2]int{2, 2})
+	c.cut.Store(true)
+	if err := stack.Eventually(20*time.Second, func() error {
+		if n := len(a.m.Held()); n != 0 {
+			return fmt.Errorf("a, cut off, still holds %d shards", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitShares(t, []*replica{a, b}, 4, [2]int{0, 0}, [2]int{4, 4})
+	c.cut.Store(false)
+	waitShares(t, []*replica{a, b}, 4, [2]int{2, 2}, [2]int{2, 2})
 }

@@ -120,13 +120,11 @@ func startReplicas(ctx context.Context, e *env, r *run, n int) (func(), error) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var list coordinationv1.LeaseList
-		if err := e.st.Client.List(ctx, &list, client.InNamespace("default"), client.MatchingLabels{shards.LabelBridge: "bench-" + r.id, shards.LabelRole: shards.RoleShard}); err == nil {
+		if err := e.st.Client.List(ctx, &list, client.InNamespace("default"), client.MatchingLabels{shards.LabelBridge: "bench-" + r.id}); err == nil {
 			held, holders := 0, map[string]int{}
-			for i := range list.Items {
-				if h := shards.Holder(&list.Items[i], time.Now()); h != "" {
-					held++
-					holders[h]++
-				}
+			for _, h := range shards.ShardHolders(list.Items, time.Now()) {
+				held++
+				holders[h]++
 			}
 			settled := held == 16 && len(holders) == n
 			for _, c := range holders {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -16,25 +15,15 @@ import (
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
-// shardOwners maps each held shard to its holder, from the shard Leases
-// (kubectl get leases shows the same).
+// shardOwners maps each held shard to its holder, from the shard and
+// member Leases (kubectl get leases shows the same).
 func shardOwners(w *world) (map[int]string, error) {
 	var list coordinationv1.LeaseList
 	if err := w.st.Client.List(context.Background(), &list, client.InNamespace("default"),
-		client.MatchingLabels{shards.LabelRole: shards.RoleShard}); err != nil {
+		client.HasLabels{shards.LabelBridge}); err != nil {
 		return nil, err
 	}
-	out := map[int]string{}
-	for _, l := range list.Items {
-		var n int
-		if _, err := fmt.Sscanf(l.Name[strings.LastIndex(l.Name, "-")+1:], "%d", &n); err != nil {
-			continue
-		}
-		if h := shards.Holder(&l, time.Now()); h != "" {
-			out[n] = h
-		}
-	}
-	return out, nil
+	return shards.ShardHolders(list.Items, time.Now()), nil
 }
 
 // shardHolders counts the shards each replica holds.
