@@ -7,6 +7,7 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"strings"
@@ -33,15 +34,18 @@ var chartOwned = map[string]string{
 const durationPattern = `^(0|([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+)$`
 
 func main() {
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: chartschema <values.schema.json>")
+	// flag, so that -h prints the usage instead of naming the file to write.
+	flag.Usage = func() { fmt.Fprintln(flag.CommandLine.Output(), "usage: chartschema <values.schema.json>") }
+	flag.Parse()
+	if flag.NArg() != 1 {
+		flag.Usage()
 		os.Exit(2)
 	}
 	b, err := json.MarshalIndent(valuesSchema(), "", "  ")
 	if err != nil {
 		panic(err)
 	}
-	if err := os.WriteFile(os.Args[1], append(b, '\n'), 0o644); err != nil {
+	if err := os.WriteFile(flag.Arg(0), append(b, '\n'), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

@@ -5,6 +5,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"os"
 
@@ -12,7 +13,14 @@ import (
 )
 
 func main() {
-	for _, path := range os.Args[1:] {
+	// flag, so that -h prints the usage instead of naming a file to write.
+	flag.Usage = func() { fmt.Fprintln(flag.CommandLine.Output(), "usage: configdoc <file>...") }
+	flag.Parse()
+	if flag.NArg() == 0 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	for _, path := range flag.Args() {
 		if err := os.WriteFile(path, []byte(config.DocumentedYAML()), 0o644); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
