@@ -540,9 +540,10 @@ func (r *StudentReconciler) enqueue(ctx context.Context, objs []*studentv1.Stude
 }
 
 // ShardOwner is the part of shard ownership the reconciler asks: whether
-// a Student is this replica's (Begin; done ends the work), and that a
-// shard was lost to another replica (Lost).
+// a Student is this replica's (Owns, and Begin for work on it; done ends
+// the work), and that a shard was lost to another replica (Lost).
 type ShardOwner interface {
+	Owns(key types.NamespacedName) bool
 	Begin(key types.NamespacedName) (done func(), ok bool)
 	Lost(key types.NamespacedName)
 }
@@ -604,10 +605,20 @@ func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.O
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
 		// stamp last: it sees only what reaches the queue.
-		For(&studentv1.Student{}, builder.WithPredicates(changePredicate(), r.rememberGone(), r.stamp())).
+		For(&studentv1.Student{}, builder.WithPredicates(changePredicate(), r.ours(), r.rememberGone(), r.stamp())).
 		WatchesRawSource(source.Channel(r.catchUp, &handler.TypedEnqueueRequestForObject[*studentv1.Student]{})).
 		WithOptions(opts).
 		Complete(r)
+}
+
+// ours drops, with shards, the changes of Students of shards another
+// replica holds: the cache keeps them (for a handover), nothing else does.
+// A change dropped while its shard is being gained is not lost: the shard's
+// Students are queued from the cache once it is held.
+func (r *StudentReconciler) ours() predicate.Predicate {
+	return predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return r.Shards == nil || r.Shards.Owns(client.ObjectKeyFromObject(o))
+	})
 }
 
 // rememberGone keeps the last state the watch showed of a deleted Student:
