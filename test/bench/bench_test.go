@@ -20,7 +20,7 @@ func TestSmoke(t *testing.T) {
 		t.Skip("short mode")
 	}
 	var out bytes.Buffer
-	err := bench(context.Background(), options{rates: []int{20}, duration: 2 * time.Second, reps: 1, students: []int{20, 40}}, &out)
+	err := bench(context.Background(), options{rates: []int{20}, duration: 2 * time.Second, reps: 1, students: []int{20, 40}, idle: time.Second}, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,6 +52,9 @@ func TestSmoke(t *testing.T) {
 	}
 	if !strings.Contains(table, "With two services' receipts for each of the 40 Students (80 receipts)") {
 		t.Errorf("no memory with receipts:\n%s", table)
+	}
+	if !regexp.MustCompile(`(?m)^\| 3 replicas over 16 shards \| \d+ \| [\d.]+ \|$`).MatchString(table) {
+		t.Errorf("no writes at rest of three replicas over shards:\n%s", table)
 	}
 	if !strings.Contains(table, "events republished (all restarts): 0.") {
 		t.Errorf("restart republished events or did not report:\n%s", table)

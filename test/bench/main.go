@@ -59,6 +59,8 @@ type options struct {
 	students []int // Student counts of the memory and restart phase
 	out      string
 	only     string
+	// idle is how long the writes at rest are counted; 0 skips them.
+	idle time.Duration
 	// bisect narrows each variant's highest sustained rate to within 10%
 	// between the rates of the grid.
 	bisect bool
@@ -73,6 +75,7 @@ func main() {
 	flag.StringVar(&students, "students", "1000,10000", "Student counts for the memory and restart measurements; empty skips them.")
 	flag.StringVar(&o.out, "out", "bench-results/results.md", "Results file (markdown).")
 	flag.StringVar(&o.only, "only", "", "Run only variants whose name contains this.")
+	flag.DurationVar(&o.idle, "idle", 30*time.Second, "How long the API writes at rest are counted per shape; 0 skips them.")
 	flag.BoolVar(&o.bisect, "bisect", true, "Narrow each variant's highest sustained rate to within 10% by bisection between the grid's rates.")
 	flag.DurationVar(&settleQuiet, "settle", 2*time.Second, "A run has settled when no event arrived for this long.")
 	flag.Parse()
@@ -257,6 +260,13 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 			fmt.Fprintf(&b, "\n%s at %d/s: a service's receipt shows on the Student after p50 %s, p99 %s (%d of %d applied changes seen in sync; the others were coalesced into a later status write of the same Student).\n",
 				v.name, rate, lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)*99/100].Round(time.Millisecond), len(lat), applied)
 		}
+	}
+	if o.idle > 0 {
+		idle, err := idleCost(ctx, e, o.idle)
+		if err != nil {
+			return fmt.Errorf("at rest: %w", err)
+		}
+		b.WriteString("\n" + idle)
 	}
 	if len(o.students) > 0 {
 		mem, err := memoryAndRestart(ctx, e, o.students)

@@ -67,6 +67,8 @@ type run struct {
 	// status), eventWrites its Kubernetes Events.
 	studentWrites atomic.Int64
 	eventWrites   atomic.Int64
+	// otherWrites counts its other API writes (Leases).
+	otherWrites atomic.Int64
 	// receiptToStatus are the delays from a service applying a change to
 	// the Student showing it in sync (variants with services).
 	mu              sync.Mutex
@@ -317,6 +319,8 @@ func runBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinalize
 				r.studentWrites.Add(1)
 			case strings.Contains(req.URL.Path, "/events"):
 				r.eventWrites.Add(1)
+			default:
+				r.otherWrites.Add(1)
 			}
 			return rt.RoundTrip(req)
 		})
