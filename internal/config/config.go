@@ -201,9 +201,9 @@ var Settings = []Setting{
 	{"leaderElection.enabled", "leader-elect", true, "Use a Lease so that only one replica publishes at a time."},
 	{"leaderElection.namespace", "leader-election-namespace", "", "Namespace of the Lease; defaults to the pod's namespace in-cluster, else \"default\"."},
 	{"leaderElection.id", "leader-election-id", "student-bridge.example.k8s.io", "Name of the Lease."},
-	{"leaderElection.leaseDuration", "leader-election-lease-duration", dur("15s"), "How long a standby waits after the leader's last renewal before it takes over."},
-	{"leaderElection.renewDeadline", "leader-election-renew-deadline", dur("10s"), "How long the leader keeps trying to renew before it steps down."},
-	{"leaderElection.retryPeriod", "leader-election-retry-period", dur("2s"), "How often replicas try to acquire or renew the Lease."},
+	{"leaderElection.leaseDuration", "leader-election-lease-duration", dur("15s"), "How long a standby waits after the leader's last renewal before it takes over; with shards, how long a replica's shards stay held after its member Lease's last renewal."},
+	{"leaderElection.renewDeadline", "leader-election-renew-deadline", dur("10s"), "How long the leader keeps trying to renew before it steps down; with shards, a replica renews its member Lease every leaseDuration - renewDeadline and gives up its shards when it could not renew for renewDeadline."},
+	{"leaderElection.retryPeriod", "leader-election-retry-period", dur("2s"), "How often replicas try to acquire or renew the Lease; with shards, how often they read the Leases and contest shards."},
 	{"retry.baseDelay", "retry-base-delay", dur("500ms"), "First delay before a failed publish is retried; it doubles on each failure."},
 	{"retry.maxDelay", "retry-max-delay", dur("1m"), "Longest delay between retries of a failed publish."},
 	{"nats.urls", "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma separated."},
@@ -586,6 +586,9 @@ func (c *Config) Validate() error {
 		return bad("snapshot.onStartup", "every replica would publish a snapshot with shards.count %d; request one instead (snapshot.requestSubject)", c.Shards.Count)
 	case c.Shards.Count > 1 && (c.LeaderElection.RetryPeriod <= 0 || c.LeaderElection.LeaseDuration <= 2*c.LeaderElection.RetryPeriod):
 		return bad("leaderElection.leaseDuration", "%s must be more than twice leaderElection.retryPeriod (%s) for shard Leases", c.LeaderElection.LeaseDuration, c.LeaderElection.RetryPeriod)
+	case c.Shards.Count > 1 && (c.LeaderElection.RenewDeadline <= c.LeaderElection.RetryPeriod || c.LeaderElection.RenewDeadline >= c.LeaderElection.LeaseDuration):
+		return bad("leaderElection.renewDeadline", "%s must be between leaderElection.retryPeriod (%s) and leaderElection.leaseDuration (%s): a replica renews its member Lease every leaseDuration - renewDeadline and gives up its shards when it could not renew for renewDeadline",
+			c.LeaderElection.RenewDeadline, c.LeaderElection.RetryPeriod, c.LeaderElection.LeaseDuration)
 	case len(c.Services.Expected) > 0 && c.Receipts.Bucket == "":
 		return bad("services.expected", "needs receipts.bucket")
 	case strings.ContainsAny(c.Snapshot.RequestSubject, " \t*>"):

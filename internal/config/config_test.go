@@ -131,6 +131,7 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		{"no shards", "", nil, []string{"--shards=0"}, "shards.count"},
 		{"startup snapshot from every replica", "", nil, []string{"--shards=16", "--snapshot-on-startup"}, "snapshot.onStartup"},
 		{"shard Leases renewed too rarely", "", nil, []string{"--shards=16", "--leader-election-lease-duration=3s", "--leader-election-retry-period=2s", "--leader-election-renew-deadline=2500ms"}, "leaderElection.leaseDuration"},
+		{"member Lease never renewed in time", "", nil, []string{"--shards=16", "--leader-elect=false", "--leader-election-renew-deadline=20s"}, "leaderElection.renewDeadline"},
 		{"expected service with a dot", "", nil, []string{"--expected-services=billing.eu"}, "services.expected"},
 		{"receipts in the record store", "", nil, []string{"--receipts-bucket=STUDENT_BRIDGE_PUBLISHED"}, "receipts.bucket"},
 	}
