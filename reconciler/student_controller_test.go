@@ -374,3 +374,77 @@ func findPublished(s studentv1.StudentStatus) *metav1.Condition {
 	}
 	return nil
 }
+
+// TestPendingIsNotPublished: while a Student's first event is out and not
+// acknowledged (its record pending), the status view does not say it is
+// published.
+func TestPendingIsNotPublished(t *testing.T) {
+	f := newFixture(t, false)
+	f.create("early", nil)
+	var during *metav1.Condition
+	f.r.Sink = sinkFunc(func(ctx context.Context, ev cloudevents.Event) (sink.Receipt, error) {
+		during = findPublished(f.r.View(f.get("early")))
+		return f.sink.Publish(ctx, ev)
+	})
+	f.mustReconcile("early")
+	if during == nil || during.Status == metav1.ConditionTrue {
+		t.Errorf("Published condition while the first event was pending: %+v, want not True", during)
+	}
+	if c := findPublished(f.r.View(f.get("early"))); c == nil || c.Status != metav1.ConditionTrue {
+		t.Errorf("Published condition after the ack: %+v, want True", c)
+	}
+}
+
+// owner is a ShardOwner holding every shard until one is lost.
+type owner struct {
+	lost []types.NamespacedName
+}
+
+func (o *owner) Owns(key types.NamespacedName) bool { return !o.isLost(key) }
+
+func (o *owner) Begin(key types.NamespacedName) (func(), bool) { return func() {}, !o.isLost(key) }
+
+func (o *owner) Lost(key types.NamespacedName) { o.lost = append(o.lost, key) }
+
+func (o *owner) isLost(key types.NamespacedName) bool {
+	for _, k := range o.lost {
+		if k == key {
+			return true
+		}
+	}
+	return false
+}
+
+// TestConflictGivesUpTheShard: when another replica wrote a Student's
+// record (it holds the shard now), the record write after the next publish
+// conflicts, and the first such conflict gives the shard up: nothing more
+// is published for it here.
+func TestConflictGivesUpTheShard(t *testing.T) {
+	f := newFixture(t, false)
+	o := &owner{}
+	f.r.Shards = o
+	stu := f.create("s", nil)
+	f.mustReconcile("s")
+	f.requireEvents("created")
+
+	// The new holder's write.
+	rec, err := f.store.Get(context.Background(), string(stu.UID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.Put(context.Background(), rec.Key, rec.Value, rec.Revision); err != nil {
+		t.Fatal(err)
+	}
+
+	f.update("s", func(s *studentv1.Student) { s.Spec.School = "peking" })
+	if err := f.reconcile("s"); !errors.Is(err, sink.ErrConflict) {
+		t.Fatalf("reconcile after another replica's write: %v, want a conflict", err)
+	}
+	key := types.NamespacedName{Namespace: f.ns, Name: "s"}
+	if fmt.Sprint(o.lost) != fmt.Sprint([]types.NamespacedName{key}) {
+		t.Fatalf("shards lost %v, want %v's", o.lost, key)
+	}
+	f.update("s", func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
+	f.mustReconcile("s")
+	f.requireEvents("created", "updated")
+}
