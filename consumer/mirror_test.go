@@ -47,16 +47,20 @@ func newWorld(t *testing.T, prefix string, expected ...string) *world {
 	return &world{World: w, ns: w.Namespace, cfg: w.Config, nc: w.NC}
 }
 
-// mirror starts a Mirror of service with handler; stop cancels it and
-// waits for Run to return.
-func (w *world) mirror(t *testing.T, service string, handler consumer.Handler) (*consumer.Mirror, func()) {
+// mirror starts a Mirror of service with handler (and the tweaked
+// options); stop cancels it and waits for Run to return.
+func (w *world) mirror(t *testing.T, service string, handler consumer.Handler, tweaks ...func(*consumer.MirrorOptions)) (*consumer.Mirror, func()) {
 	t.Helper()
-	m, err := consumer.NewMirror(w.nc, consumer.MirrorOptions{
+	o := consumer.MirrorOptions{
 		Service: service, Handler: handler, Stream: w.cfg.NATS.Stream.Name, Subjects: w.cfg.NATS.SubjectPrefix + ".>",
 		ReceiptsBucket: w.cfg.Receipts.Bucket, SnapshotSubject: w.cfg.Snapshot.RequestSubject,
 		RetryBaseDelay: 100 * time.Millisecond, RetryMaxDelay: time.Second,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	for _, tweak := range tweaks {
+		tweak(&o)
+	}
+	m, err := consumer.NewMirror(w.nc, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,196 @@
+package consumer_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/consumer"
+	"github.com/student-bridge/student-bridge/internal/bridgetest"
+	"github.com/student-bridge/student-bridge/internal/stack"
+)
+
+// ackFloor is the stream sequence up to which service's durable consumer
+// acknowledged.
+func (w *world) ackFloor(t *testing.T, service string) uint64 {
+	t.Helper()
+	js, err := jetstream.New(w.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := js.Consumer(context.Background(), w.cfg.NATS.Stream.Name, service)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.AckFloor.Stream
+}
+
+// schools lists, for each change of the Student name handed over, the
+// school it carried ("deleted" for a delete).
+func schools(cs []consumer.Change, name string) []string {
+	var out []string
+	for _, c := range cs {
+		if c.Name != name {
+			continue
+		}
+		if c.New == nil {
+			out = append(out, "deleted")
+		} else {
+			out = append(out, c.New.Spec.School)
+		}
+	}
+	return out
+}
+
+// TestMirrorAcksOnlyHandledEvents: live events are acknowledged up to the
+// longest prefix of handled ones: while the first Student's change fails,
+// nothing is acknowledged, though the second's was applied; once it is
+// applied, both are.
+func TestMirrorAcksOnlyHandledEvents(t *testing.T) {
+	w := newWorld(t, "ackprefix")
+	var failing atomic.Bool
+	failing.Store(true)
+	rec := &recorder{fail: func(c consumer.Change) error {
+		if c.Name == "first" && failing.Load() {
+			return errors.New("not now")
+		}
+		return nil
+	}}
+	m, _ := w.mirror(t, "roster", rec.handle)
+	w.waitAcked(t, "roster", 0) // the durable consumer exists: live from here
+	create(t, w.ns, "first", "china")
+	w.waitPublished(t, 1) // first's event is sequence 1
+	second := create(t, w.ns, "second", "china")
+	w.waitPublished(t, 2)
+	waitFor(t, "second applied while first fails", func() error {
+		if _, ok := m.State()[string(second.UID)]; !ok {
+			return errors.New("second not applied")
+		}
+		return nil
+	})
+	// A few more retries of first, none of which may move the ack floor.
+	time.Sleep(500 * time.Millisecond)
+	if floor := w.ackFloor(t, "roster"); floor != 0 {
+		t.Fatalf("while the first event's change fails, acknowledged up to %d, want 0", floor)
+	}
+	failing.Store(false)
+	w.waitAcked(t, "roster", 2)
+}
+
+// TestMirrorHoldsBackOnlyTheFailingStudent: while a Student's change
+// fails, its later changes wait and are coalesced into one (never handed
+// over one by one), and other Students are applied meanwhile.
+func TestMirrorHoldsBackOnlyTheFailingStudent(t *testing.T) {
+	w := newWorld(t, "holdback")
+	var failing atomic.Bool
+	failing.Store(true)
+	rec := &recorder{fail: func(c consumer.Change) error {
+		if c.Name == "stubborn" && failing.Load() {
+			return errors.New("not now")
+		}
+		return nil
+	}}
+	// A retry 3 s after the failure: both later changes come before it.
+	m, _ := w.mirror(t, "roster", rec.handle, func(o *consumer.MirrorOptions) {
+		o.RetryBaseDelay, o.RetryMaxDelay = 3*time.Second, 3*time.Second
+	})
+	w.waitAcked(t, "roster", 0)
+	stubborn := create(t, w.ns, "stubborn", "china")
+	waitFor(t, "stubborn's first change failed", func() error {
+		if n := len(schools(rec.snapshot(), "stubborn")); n == 0 {
+			return errors.New("not handed over yet")
+		}
+		return nil
+	})
+	bridgetest.Patch(t, st.Client, stubborn.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = "peking" })
+	bridgetest.Patch(t, st.Client, stubborn.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
+	other := create(t, w.ns, "other", "china")
+	w.waitPublished(t, 4)
+	waitFor(t, "other applied while stubborn waits", func() error {
+		if _, ok := m.State()[string(other.UID)]; !ok {
+			return errors.New("other not applied")
+		}
+		return nil
+	})
+	failing.Store(false)
+	waitFor(t, "stubborn applied at its newest state", func() error {
+		if d, ok := m.State()[string(stubborn.UID)]; !ok || d.Spec.School != "tsinghua" {
+			return fmt.Errorf("stubborn applied: %+v", d)
+		}
+		return nil
+	})
+	got := schools(rec.take(), "stubborn")
+	for i, school := range got {
+		if school == "peking" || school == "tsinghua" && i != len(got)-1 {
+			t.Fatalf("stubborn handed over as %v: its later changes must wait for the retry and come as one (tsinghua), last", got)
+		}
+	}
+}
+
+// TestMirrorSkipsUnchangedSnapshots: a snapshot of Students that did not
+// change since the service applied them reaches no handler; a real change
+// after it does.
+func TestMirrorSkipsUnchangedSnapshots(t *testing.T) {
+	w := newWorld(t, "samesnap")
+	rec := &recorder{}
+	m, _ := w.mirror(t, "roster", rec.handle)
+	a := create(t, w.ns, "a", "china")
+	create(t, w.ns, "b", "china")
+	w.waitPublished(t, 2)
+	waitFor(t, "both applied", func() error {
+		if n := len(m.State()); n != 2 {
+			return fmt.Errorf("%d applied", n)
+		}
+		return nil
+	})
+	if n := len(rec.take()); n != 2 {
+		t.Fatalf("%d changes handed over for two created Students, want 2", n)
+	}
+	body, _ := json.Marshal(studentv1.SnapshotRequest{})
+	reply, err := w.nc.Request(w.cfg.Snapshot.RequestSubject, body, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r studentv1.SnapshotReply
+	if err := json.Unmarshal(reply.Data, &r); err != nil || r.Error != "" || r.Published != 2 {
+		t.Fatalf("snapshot reply %s (%v), want 2 published", reply.Data, err)
+	}
+	w.waitPublished(t, 4)
+	w.waitAcked(t, "roster", 4)
+	if cs := rec.take(); len(cs) != 0 {
+		t.Fatalf("a snapshot of unchanged Students handed over %d changes (%v), want none", len(cs), names(cs))
+	}
+	bridgetest.Patch(t, st.Client, a.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = "peking" })
+	w.waitPublished(t, 5)
+	waitFor(t, "the update applied", func() error {
+		if got := schools(rec.snapshot(), "a"); fmt.Sprint(got) != "[peking]" {
+			return fmt.Errorf("a handed over as %v, want [peking]", got)
+		}
+		return nil
+	})
+}
+
+// snapshot returns the changes so far, keeping them.
+func (r *recorder) snapshot() []consumer.Change {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]consumer.Change(nil), r.changes...)
+}
+
+func waitFor(t *testing.T, what string, cond func() error) {
+	t.Helper()
+	if err := stack.Eventually(30*time.Second, cond); err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+}
