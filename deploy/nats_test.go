@@ -45,6 +45,9 @@ func shippedNATSOptions(t *testing.T, bridgePassword, consumerPassword string) *
 	if !opts.JetStream || opts.StoreDir != "/data" || opts.ServerName != "nats-0" || len(opts.Users) != 3 {
 		t.Fatalf("nats.conf parsed to jetstream=%v store=%s name=%s users=%d", opts.JetStream, opts.StoreDir, opts.ServerName, len(opts.Users))
 	}
+	if !opts.SyncAlways {
+		t.Errorf("nats.conf: JetStream acknowledges before it syncs to disk (sync_interval %s); want sync_interval: always", opts.SyncInterval)
+	}
 	return opts
 }
 
@@ -306,7 +309,8 @@ func natsChartConfig(t *testing.T, bridgePassword, consumerPassword string) *nat
 		Config struct {
 			Merge     map[string]any `json:"merge"`
 			JetStream struct {
-				Enabled bool `json:"enabled"`
+				Enabled bool           `json:"enabled"`
+				Merge   map[string]any `json:"merge"`
 			} `json:"jetstream"`
 			Cluster struct {
 				Enabled  bool `json:"enabled"`
@@ -334,7 +338,12 @@ func natsChartConfig(t *testing.T, bridgePassword, consumerPassword string) *nat
 	enc := json.NewEncoder(&js)
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(values.Config.Merge); err != nil {
+	// The chart renders config.jetstream.merge into the jetstream block.
+	merged := map[string]any{"jetstream": values.Config.JetStream.Merge}
+	for k, v := range values.Config.Merge {
+		merged[k] = v
+	}
+	if err := enc.Encode(merged); err != nil {
 		t.Fatal(err)
 	}
 	conf := regexp.MustCompile(`"<<\s+(.*?)\s+>>"`).ReplaceAllString(js.String(), "${1}")
@@ -348,6 +357,9 @@ func natsChartConfig(t *testing.T, bridgePassword, consumerPassword string) *nat
 	opts, err := natsserver.ProcessConfigFile(file)
 	if err != nil {
 		t.Fatalf("the merge block of nats-values.yaml does not parse:\n%s\n%v", conf, err)
+	}
+	if !opts.SyncAlways {
+		t.Errorf("nats-values.yaml: JetStream acknowledges before it syncs to disk (sync_interval %s); want config.jetstream.merge.sync_interval: always", opts.SyncInterval)
 	}
 	opts.JetStream = true
 	return opts
