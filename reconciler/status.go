@@ -79,6 +79,12 @@ func (w *StatusWriter) Enqueue(key types.NamespacedName) {
 	}
 }
 
+// SetQPS changes the most status writes per second, e.g. to this replica's
+// share of a budget for all replicas.
+func (w *StatusWriter) SetQPS(qps float64) {
+	w.limiter.SetLimit(rate.Limit(qps))
+}
+
 // NeedLeaderElection is true: only the replica that publishes knows the view.
 func (w *StatusWriter) NeedLeaderElection() bool { return true }
 

@@ -18,6 +18,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/kubeevents"
 	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink"
@@ -51,6 +52,18 @@ func addShards(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config, r 
 			}
 			if _, err := r.EnqueueShard(ctx, mgr.GetClient(), func(key types.NamespacedName) bool { return of(key) == n }); err != nil && ctx.Err() == nil {
 				log.Error(err, "queueing the Students of a gained shard", "shard", n)
+			}
+		},
+		// status.qps and kubernetesEventsQPS are the whole bridge's: each
+		// replica takes the share of the shards it holds (one shard's
+		// while it holds none).
+		Held: func(n int) {
+			share := float64(max(n, 1)) / float64(count)
+			if r.Status != nil {
+				r.Status.SetQPS(cfg.Status.QPS * share)
+			}
+			if rec, ok := r.Recorder.(*kubeevents.Recorder); ok {
+				rec.SetQPS(cfg.KubernetesEventsQPS * share)
 			}
 		},
 		Log: log.WithName("shards"),

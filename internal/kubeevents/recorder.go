@@ -119,6 +119,13 @@ func New(c client.Client, scheme *runtime.Scheme, opts Options) (*Recorder, erro
 	}, nil
 }
 
+// SetQPS changes the most Events written per second (and the burst with
+// it), e.g. to this replica's share of a budget for all replicas.
+func (r *Recorder) SetQPS(qps float64) {
+	r.limiter.SetLimit(rate.Limit(qps))
+	r.limiter.SetBurst(max(1, int(qps)))
+}
+
 // Eventf queues an Event regarding an object (and optionally related to
 // another). It never blocks: when the queue is full the Event is dropped
 // and counted.

@@ -96,7 +96,11 @@ type Options struct {
 	Load func(ctx context.Context, shard int) error
 	// Enqueue queues the Students of a shard this replica now holds.
 	Enqueue func(ctx context.Context, shard int)
-	Log     logr.Logger
+	// Held, if set, is told how many shards this replica holds whenever
+	// that changes (0 at start), e.g. to take its share of budgets that
+	// are the whole bridge's.
+	Held func(n int)
+	Log  logr.Logger
 }
 
 // Manager holds this replica's shards.
@@ -109,6 +113,9 @@ type Manager struct {
 	inflight []int
 
 	renewed time.Time // the member Lease's last successful renewal
+
+	notifyMu sync.Mutex
+	notified int // the shards Held was last told of; -1 before the first
 }
 
 // New returns a Manager; add it to the controller manager to run it.
@@ -116,7 +123,7 @@ func New(o Options) *Manager {
 	if o.RenewDeadline <= o.RetryPeriod || o.RenewDeadline >= o.LeaseDuration {
 		o.RenewDeadline = o.LeaseDuration * 2 / 3
 	}
-	m := &Manager{o: o, owned: make([]bool, o.Count), inflight: make([]int, o.Count)}
+	m := &Manager{o: o, owned: make([]bool, o.Count), inflight: make([]int, o.Count), notified: -1}
 	m.idle = sync.NewCond(&m.mu)
 	return m
 }
@@ -161,7 +168,7 @@ func (m *Manager) Lost(key types.NamespacedName) {
 		m.o.Log.Info("a record write conflicted: another replica holds the shard; giving it up", "shard", n)
 		m.owned[n] = false
 		handovers.WithLabelValues("lost").Inc()
-		shardsHeld.Set(float64(len(m.heldLocked())))
+		defer m.notify() // after the unlock
 	}
 }
 
@@ -189,6 +196,7 @@ func (m *Manager) NeedLeaderElection() bool { return false }
 // (after its work in flight) and releases the Leases, so the other
 // replicas take over within a retry period.
 func (m *Manager) Start(ctx context.Context) error {
+	m.notify() // nothing held yet
 	tick := time.NewTicker(m.o.RetryPeriod)
 	defer tick.Stop()
 	for {
@@ -216,7 +224,7 @@ func (m *Manager) step(ctx context.Context) error {
 			for _, n := range held {
 				m.giveUp(n, "lost")
 			}
-			shardsHeld.Set(0)
+			m.notify()
 		}
 		return err
 	}
@@ -279,8 +287,21 @@ func (m *Manager) step(ctx context.Context) error {
 			continue
 		}
 	}
-	shardsHeld.Set(float64(len(m.Held())))
+	m.notify()
 	return nil
+}
+
+// notify updates the metric and tells Held of the number of shards held,
+// if it changed.
+func (m *Manager) notify() {
+	m.notifyMu.Lock()
+	defer m.notifyMu.Unlock()
+	n := len(m.Held())
+	shardsHeld.Set(float64(n))
+	if n != m.notified && m.o.Held != nil {
+		m.o.Held(n)
+	}
+	m.notified = n
 }
 
 func (m *Manager) owns(n int) bool {
@@ -397,7 +418,7 @@ func (m *Manager) releaseAll() {
 	if err := errors.Join(errs...); err != nil {
 		m.o.Log.Info("releasing the shards' Leases failed; they expire instead", "reason", err.Error())
 	}
-	shardsHeld.Set(0)
+	m.notify()
 }
 
 func holder(l *coordinationv1.Lease) string { return ptr.Deref(l.Spec.HolderIdentity, "") }

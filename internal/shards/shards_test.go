@@ -327,3 +327,51 @@ func TestCutOffReplicaGivesUpItsShards(t *testing.T) {
 	c.cut.Store(false)
 	waitShares(t, []*replica{a, b}, 4, [2]int{2, 2}, [2]int{2, 2})
 }
+
+// TestHeldIsToldOfEveryChange: Held hears 0 at start, then each new
+// number of shards held: all four alone, two once another replica shares,
+// none once it stopped.
+func TestHeldIsToldOfEveryChange(t *testing.T) {
+	name := fmt.Sprintf("held-%d", time.Now().UnixNano()%100000)
+	var mu sync.Mutex
+	var told []int
+	a := startReplica(t, name, "a", 4, func(o *shards.Options) {
+		o.Held = func(n int) {
+			mu.Lock()
+			defer mu.Unlock()
+			told = append(told, n)
+		}
+	})
+	last := func(want int) func() error {
+		return func() error {
+			mu.Lock()
+			defer mu.Unlock()
+			if len(told) == 0 || told[len(told)-1] != want || told[0] != 0 {
+				return fmt.Errorf("Held told %v, want 0 first and %d last", told, want)
+			}
+			for i := 1; i < len(told); i++ {
+				if told[i] == told[i-1] {
+					return fmt.Errorf("Held told %v: the same number twice in a row", told)
+				}
+			}
+			return nil
+		}
+	}
+	for _, step := range []struct {
+		what string
+		do   func()
+		want int
+	}{
+		{"alone", func() {}, 4},
+		{"shared", func() { startReplica(t, name, "b", 4) }, 2},
+	} {
+		step.do()
+		if err := stack.Eventually(20*time.Second, last(step.want)); err != nil {
+			t.Fatalf("%s: %v", step.what, err)
+		}
+	}
+	a.stop()
+	if err := last(0)(); err != nil {
+		t.Fatalf("stopped: %v", err)
+	}
+}
