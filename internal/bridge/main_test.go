@@ -16,6 +16,7 @@ import (
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -108,9 +109,15 @@ func deleteStreamAndBucket(t *testing.T, stream string, buckets ...string) {
 // test ends) and fails the test if Run returned an error.
 func startBridge(t *testing.T, cfg *config.Config) (stop func()) {
 	t.Helper()
+	return startBridgeWith(t, cfg, st.RestConfig)
+}
+
+// startBridgeWith is startBridge with a rest config of the caller's.
+func startBridgeWith(t *testing.T, cfg *config.Config, restCfg *rest.Config) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- bridge.Run(ctx, cfg, st.RestConfig) }()
+	go func() { done <- bridge.Run(ctx, cfg, restCfg) }()
 	var stopped atomic.Bool
 	stop = func() {
 		if stopped.Swap(true) {

@@ -1,0 +1,158 @@
+package bridge_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/shards"
+)
+
+// writer records, for one replica, its identity (from its member Lease's
+// renewals) and the Students whose status it wrote.
+type writer struct {
+	mu       sync.Mutex
+	identity string
+	statuses []string
+}
+
+func (w *writer) restConfig(leaseID string) *rest.Config {
+	cfg := rest.CopyConfig(st.RestConfig)
+	member := "/leases/" + leaseID + "-member-"
+	cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			w.mu.Lock()
+			switch p := req.URL.Path; {
+			case req.Method == http.MethodPut && strings.Contains(p, member):
+				w.identity = p[strings.Index(p, member)+len(member):]
+			case req.Method != http.MethodGet && strings.HasSuffix(p, "/status") && strings.Contains(p, "/students/"):
+				name := strings.TrimSuffix(p, "/status")
+				w.statuses = append(w.statuses, name[strings.LastIndex(name, "/")+1:])
+			}
+			w.mu.Unlock()
+			return rt.RoundTrip(req)
+		})
+	}
+	return cfg
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestStatusOnlyByTheHolder: with two replicas over four shards, a
+// Student's status is written only by the replica that holds its shard,
+// also when a service's receipts ask every replica for a status write.
+func TestStatusOnlyByTheHolder(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "holder")
+	cfg.Shards.Count = 4
+	cfg.Services.Expected = []string{"billing"}
+	cfg.LeaderElection.Namespace = ns
+	cfg.LeaderElection.LeaseDuration, cfg.LeaderElection.RenewDeadline, cfg.LeaderElection.RetryPeriod = 3*time.Second, 2*time.Second, 500*time.Millisecond
+	ws := []*writer{{}, {}}
+	for _, w := range ws {
+		c := *cfg
+		startBridgeWith(t, &c, w.restConfig(cfg.LeaderElection.ID))
+	}
+	var holders map[int]string
+	waitFor(t, "two replicas holding two shards each", func() error {
+		var list coordinationv1.LeaseList
+		if err := st.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		holders = shards.ShardHolders(list.Items, time.Now())
+		count := map[string]int{}
+		for _, h := range holders {
+			count[h]++
+		}
+		var ids []string
+		for _, w := range ws {
+			w.mu.Lock()
+			ids = append(ids, w.identity)
+			w.mu.Unlock()
+		}
+		if len(holders) != 4 || ids[0] == "" || ids[0] == ids[1] || count[ids[0]] != 2 || count[ids[1]] != 2 {
+			return fmt.Errorf("shards held %v, replicas %v", holders, ids)
+		}
+		return nil
+	})
+
+	const n = 8
+	for i := range n {
+		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%d", i), "wang", "china")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	published := map[string]*studentv1.Student{}
+	waitFor(t, "every Student published", func() error {
+		for i := range n {
+			s := getStudent(t, ns, fmt.Sprintf("s%d", i))
+			if c := publishedCondition(s); c == nil || c.Status != metav1.ConditionTrue || s.Status.LastPublished == nil {
+				return fmt.Errorf("%s: Published %v", s.Name, c)
+			}
+			published[s.Name] = s
+		}
+		return nil
+	})
+	// billing applied every Student: every replica's receipt watch sees it.
+	js, err := jetstream.New(natsConn(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, cfg.Receipts.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range published {
+		b, _ := json.Marshal(studentv1.Receipt{Service: "billing", UID: string(s.UID), Namespace: ns, Name: s.Name,
+			EventID: s.Status.LastPublished.ID, Generation: s.Generation, Result: studentv1.ResultApplied, Time: metav1.Now()})
+		if _, err := kv.Put(ctx, studentv1.ReceiptKey("billing", string(s.UID)), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "every Student in sync", func() error {
+		for name := range published {
+			if s := getStudent(t, ns, name); s.Status.ServicesInSync != "1/1" {
+				return fmt.Errorf("%s: in sync %q", name, s.Status.ServicesInSync)
+			}
+		}
+		return nil
+	})
+	time.Sleep(time.Second) // status writes that were still coming
+
+	var list coordinationv1.LeaseList
+	if err := st.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	if now := shards.ShardHolders(list.Items, time.Now()); fmt.Sprint(now) != fmt.Sprint(holders) {
+		t.Fatalf("shards moved during the test: %v, then %v", holders, now)
+	}
+	for _, w := range ws {
+		w.mu.Lock()
+		for _, name := range w.statuses {
+			if h := holders[shards.Of(ns, name, cfg.Shards.Count)]; h != w.identity {
+				t.Errorf("replica %s wrote the status of %s, whose shard %s holds", w.identity, name, h)
+			}
+		}
+		w.mu.Unlock()
+	}
+	for name := range published {
+		if c := publishedCondition(getStudent(t, ns, name)); c == nil || c.Status != metav1.ConditionTrue {
+			t.Errorf("%s in the end: Published %v", name, c)
+		}
+	}
+}
