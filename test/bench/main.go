@@ -119,7 +119,13 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	e := &env{st: st, nc: nc, js: js}
+	synced, err := syncedNATS()
+	if err != nil {
+		return err
+	}
+	defer synced.close()
+	e := &env{st: st, url: st.NATS.URL(), nc: nc, js: js, synced: synced.env}
+	synced.env.st = st
 	// The finalizer policy of deploy/default, bound to the bridge's
 	// namespaces only: in the others no bridge would ever remove it.
 	if err := stack.InstallFinalizerPolicy(st.Client, policyLabels); err != nil {
@@ -336,6 +342,7 @@ func kept(rs []result) bool {
 }
 
 func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result, error) {
+	e = e.forVariant(v)
 	r := &run{id: id, ns: "bench-" + id, prefix: "bench" + id, stream: "BENCH" + strings.ToUpper(id), tr: newTracker()}
 	if v.k8s {
 		if err := newNamespace(ctx, e, r.ns, v.policy); err != nil {

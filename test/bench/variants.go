@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -47,13 +48,28 @@ type variant struct {
 	policy bool
 	// services runs business services that report receipts.
 	services bool
-	start    func(ctx context.Context, e *env, run *run) (stop func(), err error)
+	// syncAlways runs it on a NATS server with sync_interval: always, as
+	// the shipped NATS is configured.
+	syncAlways bool
+	start      func(ctx context.Context, e *env, run *run) (stop func(), err error)
 }
 
 type env struct {
 	st *stack.Stack
-	nc *nats.Conn
-	js jetstream.JetStream
+	// url, nc and js are the NATS server of the variant: the stack's, or
+	// the one that syncs every write to disk before its ack (synced).
+	url    string
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	synced *env
+}
+
+// forVariant is the environment v runs in.
+func (e *env) forVariant(v variant) *env {
+	if v.syncAlways {
+		return e.synced
+	}
+	return e
 }
 
 // run is one (variant, rate, repetition).
@@ -80,7 +96,11 @@ var variants = []variant{
 	{name: "nats-ceiling", k8s: false, start: startNATSCeiling},
 	{name: "watch-floor", k8s: true, start: startWatchFloor},
 	{name: "raw-informer", k8s: true, start: startRawInformer},
+	{name: "raw-informer (sync always)", k8s: true, syncAlways: true, start: startRawInformer},
 	{name: "student-bridge", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) {
+		return startBridge(ctx, e, r, true, true, nil)
+	}},
+	{name: "student-bridge (sync always)", k8s: true, bridge: true, policy: true, syncAlways: true, start: func(ctx context.Context, e *env, r *run) (func(), error) {
 		return startBridge(ctx, e, r, true, true, nil)
 	}},
 	{name: "student-bridge (no k8s Events)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) {
@@ -294,7 +314,7 @@ func runBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinalize
 	}
 	cfg.Cluster = "bench"
 	cfg.Namespaces = []string{r.ns}
-	cfg.NATS.URLs = e.st.NATS.URL()
+	cfg.NATS.URLs = e.url
 	cfg.NATS.SubjectPrefix = r.prefix
 	cfg.NATS.Stream.Name = r.stream
 	cfg.State.Bucket = r.stream + "_RECORDS"
@@ -463,4 +483,38 @@ func newNamespace(ctx context.Context, e *env, name string, withPolicy bool) err
 		ns.Labels = policyLabels
 	}
 	return e.st.Client.Create(ctx, ns)
+}
+
+// synced is a second embedded NATS server, with file storage synced to
+// disk before every ack (sync_interval: always, as deploy/nats and the
+// NATS chart values set it), for the variants that measure what that
+// costs.
+type synced struct {
+	env  *env
+	srv  *stack.NATS
+	conn *nats.Conn
+}
+
+func syncedNATS() (*synced, error) {
+	srv, err := stack.StartNATS(stack.NATSOptions{Configure: func(o *natsserver.Options) { o.SyncAlways = true }})
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		srv.Stop()
+		return nil, err
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		nc.Close()
+		srv.Stop()
+		return nil, err
+	}
+	return &synced{env: &env{url: srv.URL(), nc: nc, js: js}, srv: srv, conn: nc}, nil
+}
+
+func (s *synced) close() {
+	s.conn.Close()
+	s.srv.Stop()
 }
