@@ -17,6 +17,20 @@ import (
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
+// failingFor is a recorder whose handler fails the changes of the Student
+// name while failing is true (it is at first).
+func failingFor(name string) (rec *recorder, failing *atomic.Bool) {
+	failing = &atomic.Bool{}
+	failing.Store(true)
+	rec = &recorder{fail: func(c consumer.Change) error {
+		if c.Name == name && failing.Load() {
+			return errors.New("not now")
+		}
+		return nil
+	}}
+	return rec, failing
+}
+
 // ackFloor is the stream sequence up to which service's durable consumer
 // acknowledged.
 func (w *world) ackFloor(t *testing.T, service string) uint64 {
@@ -59,14 +73,7 @@ func schools(cs []consumer.Change, name string) []string {
 // applied, both are.
 func TestMirrorAcksOnlyHandledEvents(t *testing.T) {
 	w := newWorld(t, "ackprefix")
-	var failing atomic.Bool
-	failing.Store(true)
-	rec := &recorder{fail: func(c consumer.Change) error {
-		if c.Name == "first" && failing.Load() {
-			return errors.New("not now")
-		}
-		return nil
-	}}
+	rec, failing := failingFor("first")
 	m, _ := w.mirror(t, "roster", rec.handle)
 	w.waitAcked(t, "roster", 0) // the durable consumer exists: live from here
 	create(t, w.ns, "first", "china")
@@ -93,14 +100,7 @@ func TestMirrorAcksOnlyHandledEvents(t *testing.T) {
 // over one by one), and other Students are applied meanwhile.
 func TestMirrorHoldsBackOnlyTheFailingStudent(t *testing.T) {
 	w := newWorld(t, "holdback")
-	var failing atomic.Bool
-	failing.Store(true)
-	rec := &recorder{fail: func(c consumer.Change) error {
-		if c.Name == "stubborn" && failing.Load() {
-			return errors.New("not now")
-		}
-		return nil
-	}}
+	rec, failing := failingFor("stubborn")
 	// A retry 3 s after the failure: both later changes come before it.
 	m, _ := w.mirror(t, "roster", rec.handle, func(o *consumer.MirrorOptions) {
 		o.RetryBaseDelay, o.RetryMaxDelay = 3*time.Second, 3*time.Second

@@ -166,42 +166,36 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	b.WriteString("| variant | rate/s | p50 ms | p99 ms | p99.9 ms | coverage | lost final | unobserved | dup | Student writes/change | k8s Events/change | CPU s/1k changes | API server+etcd CPU s/1k changes | kept up |\n")
 	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	sustained := map[string]int{}
-	for _, v := range variants {
-		for _, rate := range o.rates {
-			rs := results[cellKey{v.name, rate}]
-			if len(rs) == 0 {
-				continue
-			}
-			p99s := durations(rs, func(r result) time.Duration { return r.p99 })
-			lost, unobserved, dup, made, covered := 0, 0, 0, 0, 0
-			var writes, events int64
-			var cpu, cpCPU float64
-			for _, r := range rs {
-				lost += r.lostFinal
-				unobserved += r.unobserved
-				dup += r.duplicates
-				made += r.made
-				covered += r.covered
-				writes += r.studentWrites
-				events += r.eventWrites
-				cpu += r.cpuSeconds
-				cpCPU += r.controlPlaneCPU
-			}
-			wpc, epc := "-", "-"
-			if v.bridge {
-				wpc = fmt.Sprintf("%.3f", float64(writes)/float64(made))
-				epc = fmt.Sprintf("%.2f", float64(events)/float64(made))
-			}
-			keptUp := kept(rs)
-			if keptUp && rate > sustained[v.name] {
-				sustained[v.name] = rate
-			}
-			fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d/%d | %d | %d | %d | %s | %s | %.2f | %.2f | %v |\n", v.name, rate,
-				spread(durations(rs, func(r result) time.Duration { return r.p50 })), spread(p99s),
-				spread(durations(rs, func(r result) time.Duration { return r.p999 })),
-				covered, made, lost, unobserved, dup, wpc, epc, cpu/float64(made)*1000, cpCPU/float64(made)*1000, keptUp)
+	eachCell(o.rates, results, func(variant) bool { return true }, func(v variant, rate int, rs []result) {
+		p99s := durations(rs, func(r result) time.Duration { return r.p99 })
+		lost, unobserved, dup, made, covered := 0, 0, 0, 0, 0
+		var writes, events int64
+		var cpu, cpCPU float64
+		for _, r := range rs {
+			lost += r.lostFinal
+			unobserved += r.unobserved
+			dup += r.duplicates
+			made += r.made
+			covered += r.covered
+			writes += r.studentWrites
+			events += r.eventWrites
+			cpu += r.cpuSeconds
+			cpCPU += r.controlPlaneCPU
 		}
-	}
+		wpc, epc := "-", "-"
+		if v.bridge {
+			wpc = fmt.Sprintf("%.3f", float64(writes)/float64(made))
+			epc = fmt.Sprintf("%.2f", float64(events)/float64(made))
+		}
+		keptUp := kept(rs)
+		if keptUp && rate > sustained[v.name] {
+			sustained[v.name] = rate
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d/%d | %d | %d | %d | %s | %s | %.2f | %.2f | %v |\n", v.name, rate,
+			spread(durations(rs, func(r result) time.Duration { return r.p50 })), spread(p99s),
+			spread(durations(rs, func(r result) time.Duration { return r.p999 })),
+			covered, made, lost, unobserved, dup, wpc, epc, cpu/float64(made)*1000, cpCPU/float64(made)*1000, keptUp)
+	})
 	b.WriteString(stageTable(o, results))
 	b.WriteString("\nHighest sustained rate (p99 < 1 s, no lost final state, generator kept its schedule):\n\n")
 	probeRuns := 0 // names each probe's namespace and stream
@@ -243,30 +237,21 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 		}
 		fmt.Fprintf(&b, "- %s: %d changes/s (bisected: %s)\n", v.name, lo, strings.Join(probes, ", "))
 	}
-	for _, v := range variants {
-		if !v.services {
-			continue
+	eachCell(o.rates, results, func(v variant) bool { return v.services }, func(v variant, rate int, rs []result) {
+		var lat []time.Duration
+		var applied int64
+		for _, r := range rs {
+			lat = append(lat, r.receiptToStatus...)
+			applied += r.applied
 		}
-		for _, rate := range o.rates {
-			rs := results[cellKey{v.name, rate}]
-			if len(rs) == 0 {
-				continue
-			}
-			var lat []time.Duration
-			var applied int64
-			for _, r := range rs {
-				lat = append(lat, r.receiptToStatus...)
-				applied += r.applied
-			}
-			slices.Sort(lat)
-			if len(lat) == 0 {
-				fmt.Fprintf(&b, "\n%s at %d/s: no receipt showed on a Student before the run ended (%d applied).\n", v.name, rate, applied)
-				continue
-			}
-			fmt.Fprintf(&b, "\n%s at %d/s: a service's receipt shows on the Student after p50 %s, p99 %s (%d of %d applied changes seen in sync; the others were coalesced into a later status write of the same Student).\n",
-				v.name, rate, lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)*99/100].Round(time.Millisecond), len(lat), applied)
+		slices.Sort(lat)
+		if len(lat) == 0 {
+			fmt.Fprintf(&b, "\n%s at %d/s: no receipt showed on a Student before the run ended (%d applied).\n", v.name, rate, applied)
+			return
 		}
-	}
+		fmt.Fprintf(&b, "\n%s at %d/s: a service's receipt shows on the Student after p50 %s, p99 %s (%d of %d applied changes seen in sync; the others were coalesced into a later status write of the same Student).\n",
+			v.name, rate, lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)*99/100].Round(time.Millisecond), len(lat), applied)
+	})
 	if o.idle > 0 {
 		idle, err := idleCost(ctx, e, o.idle)
 		if err != nil {
@@ -302,32 +287,37 @@ func stageTable(o options, results map[cellKey][]result) string {
 		fmt.Fprintf(&b, " %s |", s)
 	}
 	b.WriteString("\n| --- | --- |" + strings.Repeat(" --- |", len(reconciler.Stages)) + "\n")
-	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 1, 64) }
-	for _, v := range variants {
-		if !v.bridge {
-			continue
-		}
-		for _, rate := range o.rates {
-			rs := results[cellKey{v.name, rate}]
-			if len(rs) == 0 {
+	eachCell(o.rates, results, func(v variant) bool { return v.bridge }, func(v variant, rate int, rs []result) {
+		fmt.Fprintf(&b, "| %s | %d |", v.name, rate)
+		for _, s := range reconciler.Stages {
+			var h stages.Histogram
+			for _, r := range rs {
+				h = stages.Add(h, r.stages[s])
+			}
+			if h.Count == 0 {
+				b.WriteString(" - |")
 				continue
 			}
-			fmt.Fprintf(&b, "| %s | %d |", v.name, rate)
-			for _, s := range reconciler.Stages {
-				var h stages.Histogram
-				for _, r := range rs {
-					h = stages.Add(h, r.stages[s])
-				}
-				if h.Count == 0 {
-					b.WriteString(" - |")
-					continue
-				}
-				fmt.Fprintf(&b, " %s / %s |", ms(h.Quantile(0.5)), ms(h.Quantile(0.99)))
+			fmt.Fprintf(&b, " %s / %s |", ms(h.Quantile(0.5)), ms(h.Quantile(0.99)))
+		}
+		b.WriteString("\n")
+	})
+	return b.String()
+}
+
+// eachCell calls do for every cell with results of a variant that in
+// selects, in the order of variants and rates.
+func eachCell(rates []int, results map[cellKey][]result, in func(variant) bool, do func(v variant, rate int, rs []result)) {
+	for _, v := range variants {
+		if !in(v) {
+			continue
+		}
+		for _, rate := range rates {
+			if rs := results[cellKey{v.name, rate}]; len(rs) > 0 {
+				do(v, rate, rs)
 			}
-			b.WriteString("\n")
 		}
 	}
-	return b.String()
 }
 
 // kept reports whether a cell kept up: the generator on schedule, no lost
@@ -531,8 +521,12 @@ func durations(rs []result, f func(result) time.Duration) []time.Duration {
 
 func median(d []time.Duration) time.Duration { return d[len(d)/2] }
 
+// ms shows d in milliseconds with one decimal.
+func ms(d time.Duration) string {
+	return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 1, 64)
+}
+
 func spread(d []time.Duration) string {
-	ms := func(x time.Duration) string { return strconv.FormatFloat(float64(x.Microseconds())/1000, 'f', 1, 64) }
 	if len(d) == 1 {
 		return ms(d[0])
 	}
