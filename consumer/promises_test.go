@@ -14,6 +14,7 @@ import (
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/consumer"
 	"github.com/student-bridge/student-bridge/internal/bridgetest"
+	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
@@ -193,4 +194,37 @@ func waitFor(t *testing.T, what string, cond func() error) {
 	if err := stack.Eventually(30*time.Second, cond); err != nil {
 		t.Fatalf("%s: %v", what, err)
 	}
+}
+
+// TestRestartedMirrorAsksForASnapshot: a service that was stopped while
+// events it had not seen left the stream asks the bridge for a snapshot
+// when it starts again, and ends with every Student, also those whose only
+// event it missed.
+func TestRestartedMirrorAsksForASnapshot(t *testing.T) {
+	// The stream keeps 40 events. Seen: s00-s09 (sequences 1-10). Then,
+	// with the service stopped, s10-s39 created (11-40) and s00-s09
+	// updated three times (41-70): s10-s29 have no event left.
+	bw := bridgetest.StartWith(t, st, "agedrestart", func(cfg *config.Config) { cfg.NATS.Stream.MaxMsgs = 40 })
+	w := &world{World: bw, ns: bw.Namespace, cfg: bw.Config, nc: bw.NC}
+	rec := &recorder{}
+	_, stop := w.mirror(t, "late", rec.handle)
+	var students []*studentv1.Student
+	for i := range 10 {
+		students = append(students, create(t, w.ns, fmt.Sprintf("s%02d", i), "china"))
+	}
+	w.waitAcked(t, "late", 10)
+	stop()
+	for i := 10; i < 40; i++ {
+		create(t, w.ns, fmt.Sprintf("s%02d", i), "china")
+	}
+	w.waitSequences(t, 0, 40)
+	for round := range 3 {
+		for _, s := range students {
+			bridgetest.Patch(t, st.Client, s.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = fmt.Sprintf("school-%d", round) })
+		}
+		w.waitSequences(t, 0, uint64(40+10*(round+1)))
+	}
+	w.waitSequences(t, 31, 70)
+	m, _ := w.mirror(t, "late", rec.handle)
+	waitSame(t, w.ns, m)
 }

@@ -18,6 +18,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/shards"
+	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
 // writer records, for one replica, its identity (from its member Lease's
@@ -154,5 +155,66 @@ func TestStatusOnlyByTheHolder(t *testing.T) {
 		if c := publishedCondition(getStudent(t, ns, name)); c == nil || c.Status != metav1.ConditionTrue {
 			t.Errorf("%s in the end: Published %v", name, c)
 		}
+	}
+}
+
+// TestGainedShardReloadsRecords: a replica that gains a shard reads that
+// shard's records from the record store first, so it publishes the next
+// change of a Student another replica published as an update, without a
+// record-write conflict (which would make it drop the shard again).
+func TestGainedShardReloadsRecords(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "reload")
+	cfg.Shards.Count = 4
+	cfg.LeaderElection.Namespace = ns
+	cfg.LeaderElection.LeaseDuration, cfg.LeaderElection.RenewDeadline, cfg.LeaderElection.RetryPeriod = 3*time.Second, 2*time.Second, 500*time.Millisecond
+	a, b := *cfg, *cfg
+	startBridge(t, &a)
+	stopB := startBridge(t, &b)
+	waitFor(t, "two replicas sharing the shards", func() error {
+		var list coordinationv1.LeaseList
+		if err := st.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		count := map[string]int{}
+		for _, h := range shards.ShardHolders(list.Items, time.Now()) {
+			count[h]++
+		}
+		if len(count) != 2 {
+			return fmt.Errorf("holders %v", count)
+		}
+		return nil
+	})
+	const n = 12
+	for i := range n {
+		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%d", i), "wang", "china")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nc := natsConn(t)
+	waitStream(t, nc, cfg.NATS.Stream.Name, n)
+
+	lost, err := stack.Counter("student_bridge_shard_handovers_total", "kind", "lost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopB() // its shards go to the first replica
+	for i := range n {
+		patch(t, getStudent(t, ns, fmt.Sprintf("s%d", i)), func(s *studentv1.Student) { s.Spec.School = "peking" })
+	}
+	evs := waitStream(t, nc, cfg.NATS.Stream.Name, 2*n)
+	got := map[string][]string{}
+	for _, ev := range evs {
+		got[ev.Data.Metadata.Name] = append(got[ev.Data.Metadata.Name], studentv1.Operation(ev.Event.Type()))
+	}
+	for i := range n {
+		name := fmt.Sprintf("s%d", i)
+		if fmt.Sprint(got[name]) != "[created updated]" {
+			t.Errorf("%s published as %v, want [created updated]", name, got[name])
+		}
+	}
+	if now, err := stack.Counter("student_bridge_shard_handovers_total", "kind", "lost"); err != nil || now != lost {
+		t.Errorf("shards lost to record-write conflicts after the handover: %v (%v), want none", now-lost, err)
 	}
 }
