@@ -6,9 +6,13 @@ package stages
 
 import (
 	"math"
+	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
@@ -25,12 +29,38 @@ type Histogram struct {
 	Cumulative []uint64
 }
 
-// Snapshot reads every stage's histogram now.
+// Snapshot reads every stage's histogram now, from this process's
+// registry.
 func Snapshot() (map[string]Histogram, error) {
 	families, err := metrics.Registry.(prometheus.Gatherer).Gather()
 	if err != nil {
 		return nil, err
 	}
+	return FromFamilies(families), nil
+}
+
+// Scrape reads every stage's histogram from a bridge's /metrics text at
+// url (a bridge running as a process of its own).
+func Scrape(url string) (map[string]Histogram, error) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	byName, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	families := make([]*dto.MetricFamily, 0, len(byName))
+	for _, f := range byName {
+		families = append(families, f)
+	}
+	return FromFamilies(families), nil
+}
+
+// FromFamilies picks the stage histograms out of gathered metrics.
+func FromFamilies(families []*dto.MetricFamily) map[string]Histogram {
 	out := map[string]Histogram{}
 	for _, f := range families {
 		if f.GetName() != Metric {
@@ -52,7 +82,18 @@ func Snapshot() (map[string]Histogram, error) {
 			out[stage] = s
 		}
 	}
-	return out, nil
+	return out
+}
+
+// Sum adds the histograms of several bridges (replicas), stage by stage.
+func Sum(all ...map[string]Histogram) map[string]Histogram {
+	out := map[string]Histogram{}
+	for _, m := range all {
+		for stage, h := range m {
+			out[stage] = Add(out[stage], h)
+		}
+	}
+	return out
 }
 
 // Since is what was observed in each stage between before and after.

@@ -116,6 +116,7 @@ type result struct {
 	studentWrites   int64
 	eventWrites     int64
 	cpuSeconds      float64 // this process: generator, NATS, subscriber, the bridge
+	ownCPU          float64 // the variant's own processes, if it runs as processes
 	controlPlaneCPU float64 // kube-apiserver and etcd
 	achievedRate    float64
 	// receiptToStatus: from a service applying a change to the Student

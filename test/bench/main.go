@@ -67,6 +67,9 @@ type options struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "raw-informer" {
+		os.Exit(rawInformerMain(os.Args[2:]))
+	}
 	var o options
 	var rates, students string
 	flag.StringVar(&rates, "rates", "50,100,200,300,500,1000", "Change rates (changes/s) to run, comma separated.")
@@ -124,8 +127,9 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 		return err
 	}
 	defer synced.close()
-	e := &env{st: st, url: st.NATS.URL(), nc: nc, js: js, synced: synced.env}
-	synced.env.st = st
+	e := &env{st: st, url: st.NATS.URL(), nc: nc, js: js, synced: synced.env, bins: &binaries{}}
+	defer e.bins.cleanup()
+	synced.env.st, synced.env.bins = st, e.bins
 	// The finalizer policy of deploy/default, bound to the bridge's
 	// namespaces only: in the others no bridge would ever remove it.
 	if err := stack.InstallFinalizerPolicy(st.Client, policyLabels); err != nil {
@@ -163,15 +167,16 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## student-bridge benchmark\n\n%s, %d CPUs, %s; %d reps of %s per cell, randomized order; median (min-max).\n\n",
 		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), o.reps, o.duration)
-	b.WriteString("| variant | rate/s | p50 ms | p99 ms | p99.9 ms | coverage | lost final | unobserved | dup | Student writes/change | k8s Events/change | CPU s/1k changes | API server+etcd CPU s/1k changes | kept up |\n")
-	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("| variant | rate/s | p50 ms | p99 ms | p99.9 ms | coverage | lost final | unobserved | dup | Student writes/change | k8s Events/change | CPU s/1k changes | own processes CPU s/1k changes | API server+etcd CPU s/1k changes | kept up |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	sustained := map[string]int{}
 	eachCell(o.rates, results, func(variant) bool { return true }, func(v variant, rate int, rs []result) {
 		p99s := durations(rs, func(r result) time.Duration { return r.p99 })
 		lost, unobserved, dup, made, covered := 0, 0, 0, 0, 0
 		var writes, events int64
-		var cpu, cpCPU float64
+		var cpu, cpCPU, own float64
 		for _, r := range rs {
+			own += r.ownCPU
 			lost += r.lostFinal
 			unobserved += r.unobserved
 			dup += r.duplicates
@@ -187,14 +192,18 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 			wpc = fmt.Sprintf("%.3f", float64(writes)/float64(made))
 			epc = fmt.Sprintf("%.2f", float64(events)/float64(made))
 		}
+		ownPC := "-"
+		if own > 0 {
+			ownPC = fmt.Sprintf("%.2f", own/float64(made)*1000)
+		}
 		keptUp := kept(rs)
 		if keptUp && rate > sustained[v.name] {
 			sustained[v.name] = rate
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d/%d | %d | %d | %d | %s | %s | %.2f | %.2f | %v |\n", v.name, rate,
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d/%d | %d | %d | %d | %s | %s | %.2f | %s | %.2f | %v |\n", v.name, rate,
 			spread(durations(rs, func(r result) time.Duration { return r.p50 })), spread(p99s),
 			spread(durations(rs, func(r result) time.Duration { return r.p999 })),
-			covered, made, lost, unobserved, dup, wpc, epc, cpu/float64(made)*1000, cpCPU/float64(made)*1000, keptUp)
+			covered, made, lost, unobserved, dup, wpc, epc, cpu/float64(made)*1000, ownPC, cpCPU/float64(made)*1000, keptUp)
 	})
 	b.WriteString(stageTable(o, results))
 	b.WriteString("\nHighest sustained rate (p99 < 1 s, no lost final state, generator kept its schedule):\n\n")
@@ -363,6 +372,10 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 	}
 	cpu0, cp0 := cpuSeconds(), controlPlaneCPU()
 	stages0, err := stages.Snapshot()
+	var own0 usage
+	if err == nil && len(r.procs) > 0 {
+		own0, err = r.usage()
+	}
 	if err != nil {
 		stop()
 		return result{}, err
@@ -376,12 +389,25 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 	settle(r.tr)
 	cpu, cpCPU := cpuSeconds()-cpu0, controlPlaneCPU()-cp0
 	stages1, err := stages.Snapshot()
+	var own1 usage
+	if err == nil && len(r.procs) > 0 {
+		own1, err = r.usage()
+	}
 	stop()
 	if err != nil {
 		return result{}, err
 	}
 	res := r.tr.result(v.name, rate)
 	res.stages = stages.Since(stages0, stages1)
+	if len(r.procs) > 0 {
+		// The variant's own processes: their CPU, and what the bridges
+		// say of their writes (Lease renewals counted with the Students'
+		// writes) and stages.
+		res.ownCPU = own1.cpu - own0.cpu
+		r.eventWrites.Store(int64(own1.events - own0.events))
+		r.studentWrites.Store(int64(own1.writes-own0.writes) - r.eventWrites.Load())
+		res.stages = stages.Since(own0.stages, own1.stages)
+	}
 	if os.Getenv("BENCH_DEBUG") != "" {
 		for _, n := range res.lostNames {
 			var s studentv1.Student

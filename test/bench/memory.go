@@ -19,39 +19,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
 // memoryAndRestart runs the real binary as its own process, so its RSS and
 // Go heap are its own: at rest, with each count of published Students, and
 // the time a restart takes to be ready with them, and what it republished.
 func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error) {
-	dir, err := os.MkdirTemp("", "student-bridge-bench-")
+	bins, err := e.prepare()
 	if err != nil {
 		return "", err
 	}
-	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "student-bridge")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/student-bridge")
-	build.Dir = stack.RepoRoot()
-	if out, err := build.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build: %v\n%s", err, out)
-	}
-	user, err := e.st.Env.AddUser(envtest.User{Name: "bench", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		return "", err
-	}
-	kc, err := user.KubeConfig()
-	if err != nil {
-		return "", err
-	}
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := os.WriteFile(kubeconfig, kc, 0o600); err != nil {
-		return "", err
-	}
+	bin, kubeconfig := bins.bridge, bins.config
 	const ns, stream = "bench-memory", "BENCHMEM"
 	if err := newNamespace(ctx, e, ns, true); err != nil {
 		return "", err

@@ -62,6 +62,7 @@ type env struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	synced *env
+	bins   *binaries
 }
 
 // forVariant is the environment v runs in.
@@ -90,6 +91,8 @@ type run struct {
 	mu              sync.Mutex
 	receiptToStatus []time.Duration
 	applied         atomic.Int64 // changes the services applied
+	// procs are the variant's own processes, if it runs as processes.
+	procs []*proc
 }
 
 var variants = []variant{
@@ -97,6 +100,7 @@ var variants = []variant{
 	{name: "watch-floor", k8s: true, start: startWatchFloor},
 	{name: "raw-informer", k8s: true, start: startRawInformer},
 	{name: "raw-informer (sync always)", k8s: true, syncAlways: true, start: startRawInformer},
+	{name: "raw-informer (process)", k8s: true, start: startRawInformerProcess},
 	{name: "student-bridge", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) {
 		return startBridge(ctx, e, r, true, true, nil)
 	}},
@@ -113,6 +117,8 @@ var variants = []variant{
 	{name: "student-bridge (1 replica, 16 shards)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startReplicas(ctx, e, r, 1) }},
 	{name: "student-bridge (2 replicas, 16 shards)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startReplicas(ctx, e, r, 2) }},
 	{name: "student-bridge (3 replicas, 16 shards)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startReplicas(ctx, e, r, 3) }},
+	{name: "student-bridge (process)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startProcesses(ctx, e, r, 1) }},
+	{name: "student-bridge (3 processes, 16 shards)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startProcesses(ctx, e, r, 3) }},
 }
 
 // startReplicas runs n active-active bridges (16 shards) in this process,
@@ -238,9 +244,24 @@ func startRawInformer(ctx context.Context, e *env, r *run) (func(), error) {
 	if err := ensureStream(ctx, e, r); err != nil {
 		return nil, err
 	}
-	layout, _ := natssink.NewSubjectLayout(r.prefix, natssink.DefaultSubjectLayout)
+	stop, err := runRawInformer(ctx, e.st.RestConfig, e.js, r.ns, r.prefix)
+	if err != nil {
+		return nil, err
+	}
+	stopSub, err := subscribe(ctx, e, r)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	return func() { stopSub(); stop() }, nil
+}
+
+// runRawInformer runs the raw informer on Students of ns, publishing with
+// js under prefix, until stop; it returns once its cache synced.
+func runRawInformer(ctx context.Context, restCfg *rest.Config, js jetstream.JetStream, ns, prefix string) (stop func(), err error) {
+	layout, _ := natssink.NewSubjectLayout(prefix, natssink.DefaultSubjectLayout)
 	ctx, cancel := context.WithCancel(ctx)
-	c, err := cache.New(e.st.RestConfig, cache.Options{Scheme: e.st.Client.Scheme(), DefaultNamespaces: map[string]cache.Config{r.ns: {}},
+	c, err := cache.New(restCfg, cache.Options{Scheme: bridge.Scheme(), DefaultNamespaces: map[string]cache.Config{ns: {}},
 		DefaultTransform: cache.TransformStripManagedFields()})
 	if err != nil {
 		cancel()
@@ -260,7 +281,7 @@ func startRawInformer(ctx context.Context, e *env, r *run) (func(), error) {
 		if err != nil {
 			return
 		}
-		_, _ = e.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.ID()))
+		_, _ = js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.ID()))
 	}
 	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc: func(o any) { publish(studentv1.EventTypeCreated, o.(*studentv1.Student)) },
@@ -284,12 +305,7 @@ func startRawInformer(ctx context.Context, e *env, r *run) (func(), error) {
 	}
 	go func() { _ = c.Start(ctx) }()
 	c.WaitForCacheSync(ctx)
-	stopSub, err := subscribe(ctx, e, r)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	return func() { stopSub(); cancel() }, nil
+	return cancel, nil
 }
 
 // startBridge runs the real bridge in this process, counting its API writes.

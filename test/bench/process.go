@@ -1,0 +1,279 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stages"
+)
+
+// Variants as processes of their own, as they run in a cluster: the
+// bridge's binary (one, or three replicas over 16 shards) and the raw
+// informer (this benchmark's binary, started as "raw-informer"). Their CPU
+// is counted apart from this process's (generator, NATS, subscriber), and
+// the bridge's API writes and stage latencies come from its own /metrics.
+
+// binaries are what the process variants and the memory phase run, built
+// once per benchmark run.
+type binaries struct {
+	once                       sync.Once
+	err                        error
+	dir, bridge, bench, config string
+}
+
+// prepare builds the bridge and this benchmark into a temporary folder and
+// writes a kubeconfig for the stack's API server.
+func (e *env) prepare() (*binaries, error) {
+	b := e.bins
+	b.once.Do(func() {
+		if b.dir, b.err = os.MkdirTemp("", "student-bridge-bench-"); b.err != nil {
+			return
+		}
+		b.bridge, b.bench, b.config = filepath.Join(b.dir, "student-bridge"), filepath.Join(b.dir, "bench"), filepath.Join(b.dir, "kubeconfig")
+		for out, pkg := range map[string]string{b.bridge: "./cmd/student-bridge", b.bench: "./test/bench"} {
+			build := exec.Command("go", "build", "-o", out, pkg)
+			build.Dir = stack.RepoRoot()
+			if o, err := build.CombinedOutput(); err != nil {
+				b.err = fmt.Errorf("build %s: %v\n%s", pkg, err, o)
+				return
+			}
+		}
+		user, err := e.st.Env.AddUser(envtest.User{Name: "bench", Groups: []string{"system:masters"}}, nil)
+		if err != nil {
+			b.err = err
+			return
+		}
+		kc, err := user.KubeConfig()
+		if err != nil {
+			b.err = err
+			return
+		}
+		b.err = os.WriteFile(b.config, kc, 0o600)
+	})
+	return b, b.err
+}
+
+func (b *binaries) cleanup() {
+	if b.dir != "" {
+		_ = os.RemoveAll(b.dir)
+	}
+}
+
+// proc is one process of a variant; metrics is its /metrics URL (none for
+// the raw informer).
+type proc struct {
+	cmd     *exec.Cmd
+	metrics string
+}
+
+// startProcesses starts n bridge processes for the run (n > 1: over 16
+// shards) and the subscriber.
+func startProcesses(ctx context.Context, e *env, r *run, n int) (func(), error) {
+	b, err := e.prepare()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"--kubeconfig", b.config, "--nats-url", e.url, "--cluster", "bench", "--namespaces", r.ns,
+		"--stream-name", r.stream, "--state-bucket", r.stream + "_RECORDS", "--receipts-bucket", r.stream + "_RECEIPTS",
+		"--subject-prefix", r.prefix, "--snapshot-request-subject", ""}
+	if n > 1 {
+		args = append(args, "--shards", "16", "--leader-election-id", "bench-"+r.id, "--leader-election-namespace", r.ns,
+			"--leader-election-lease-duration", "3s", "--leader-election-renew-deadline", "2s", "--leader-election-retry-period", "500ms")
+	} else {
+		args = append(args, "--leader-elect=false")
+	}
+	stop := func() { stopProcs(r.procs) }
+	for range n {
+		metricsAddr, healthAddr := freeAddr(), freeAddr()
+		cmd := exec.Command(b.bridge, append(args, "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr)...)
+		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+		if err := cmd.Start(); err != nil {
+			stop()
+			return nil, err
+		}
+		r.procs = append(r.procs, &proc{cmd: cmd, metrics: "http://" + metricsAddr + "/metrics"})
+		if err := waitHTTP("http://"+healthAddr+"/readyz", 60*time.Second); err != nil {
+			stop()
+			return nil, err
+		}
+	}
+	if n > 1 {
+		if err := settled(ctx, e, r, n, 16); err != nil {
+			stop()
+			return nil, err
+		}
+	}
+	stopSub, err := subscribe(ctx, e, r)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	return func() { stopSub(); stop() }, nil
+}
+
+// startRawInformerProcess runs the raw informer as a process of its own.
+func startRawInformerProcess(ctx context.Context, e *env, r *run) (func(), error) {
+	b, err := e.prepare()
+	if err != nil {
+		return nil, err
+	}
+	if err := ensureStream(ctx, e, r); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(b.bench, "raw-informer", "-kubeconfig", b.config, "-nats", e.url, "-namespace", r.ns, "-prefix", r.prefix)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	r.procs = []*proc{{cmd: cmd}}
+	ready := make(chan error, 1)
+	go func() {
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err == nil && strings.TrimSpace(line) != "ready" {
+			err = fmt.Errorf("raw informer said %q", line)
+		}
+		ready <- err
+		_, _ = io.Copy(io.Discard, out)
+	}()
+	select {
+	case err = <-ready:
+	case <-time.After(60 * time.Second):
+		err = fmt.Errorf("raw informer not ready within 60s")
+	}
+	if err != nil {
+		stopProcs(r.procs)
+		return nil, err
+	}
+	stopSub, err := subscribe(ctx, e, r)
+	if err != nil {
+		stopProcs(r.procs)
+		return nil, err
+	}
+	return func() { stopSub(); stopProcs(r.procs) }, nil
+}
+
+// rawInformerMain is this binary started as "raw-informer": the raw
+// informer until SIGTERM. It prints "ready" once its cache synced.
+func rawInformerMain(args []string) int {
+	fs := flag.NewFlagSet("raw-informer", flag.ExitOnError)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the API server")
+	url := fs.String("nats", "", "NATS URL")
+	ns := fs.String("namespace", "", "namespace of the Students")
+	prefix := fs.String("prefix", "", "subject prefix")
+	_ = fs.Parse(args)
+	restCfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "raw-informer:", err)
+		return 1
+	}
+	nc, err := nats.Connect(*url)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "raw-informer:", err)
+		return 1
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "raw-informer:", err)
+		return 1
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer cancel()
+	stop, err := runRawInformer(ctx, restCfg, js, *ns, *prefix)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "raw-informer:", err)
+		return 1
+	}
+	defer stop()
+	fmt.Println("ready")
+	<-ctx.Done()
+	return 0
+}
+
+func stopProcs(ps []*proc) {
+	for _, p := range ps {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, p := range ps {
+		done := make(chan struct{})
+		go func() { _ = p.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-done
+		}
+	}
+}
+
+// usage is what a run's processes have used so far: CPU seconds, and from
+// the bridges' /metrics their API writes, Kubernetes Events and stages.
+type usage struct {
+	cpu            float64
+	writes, events float64
+	stages         map[string]stages.Histogram
+}
+
+func (r *run) usage() (usage, error) {
+	var u usage
+	var all []map[string]stages.Histogram
+	for _, p := range r.procs {
+		u.cpu += processCPU(p.cmd.Process.Pid)
+		if p.metrics == "" {
+			continue
+		}
+		u.writes += nonGetRequests(p.metrics)
+		u.events += metric(p.metrics, `student_bridge_kubernetes_events_total{result="written"}`)
+		s, err := stages.Scrape(p.metrics)
+		if err != nil {
+			return u, err
+		}
+		all = append(all, s)
+	}
+	u.stages = stages.Sum(all...)
+	return u, nil
+}
+
+// nonGetRequests sums a bridge's client-go requests other than GETs: its
+// writes to the API server (Students, Events, Leases).
+func nonGetRequests(url string) float64 {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "rest_client_requests_total{") && !strings.Contains(line, `method="GET"`) {
+			v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			sum += v
+		}
+	}
+	return sum
+}
