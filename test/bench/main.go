@@ -7,8 +7,9 @@
 //
 // BENCH_WORKERS overrides the bridge's workers; BENCH_PROFILE_DIR writes a
 // goroutine profile of this process halfway through each run (to see where
-// the bridge waits) and heap profiles of the bridge process in the memory
-// phase; BENCH_LOG writes the bridge's debug log to a file;
+// the bridge waits), a CPU profile of the middle half of the run of each
+// bridge running as a process, and heap profiles of the bridge process in
+// the memory phase; BENCH_LOG writes the bridge's debug log to a file;
 // BENCH_DEBUG prints every lost final state with its receipts, the object
 // and its events in the stream.
 package main
@@ -361,6 +362,14 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 	if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
 		// Mid-run profiles of this process (generator, NATS and, for the
 		// bridge variants, the bridge itself): where the bridge waits.
+		for i, p := range r.procs {
+			if p.pprof != "" {
+				go func() {
+					time.Sleep(benchDuration / 4)
+					saveProfile(p.pprof, fmt.Sprintf("profile?seconds=%d", max(1, int(benchDuration/2/time.Second))), fmt.Sprintf("%s-bridge%d-cpu.pb.gz", id, i))
+				}()
+			}
+		}
 		go func() {
 			time.Sleep(benchDuration / 2)
 			f, err := os.Create(filepath.Join(dir, id+"-goroutines.txt"))

@@ -251,12 +251,16 @@ func waitHTTP(url string, timeout time.Duration) error {
 // profile saves a heap profile of the bridge process (after a GC) in
 // BENCH_PROFILE_DIR, if set; read it with
 // go tool pprof -sample_index=inuse_space <file>. A failure only loses it.
-func profile(pprofAddr, name string) {
+func profile(pprofAddr, name string) { saveProfile(pprofAddr, "heap?gc=1", name) }
+
+// saveProfile saves the pprof profile of the process serving pprofAddr in
+// BENCH_PROFILE_DIR, if set. A failure only loses it.
+func saveProfile(pprofAddr, which, name string) {
 	dir := os.Getenv("BENCH_PROFILE_DIR")
 	if dir == "" {
 		return
 	}
-	resp, err := http.Get("http://" + pprofAddr + "/debug/pprof/heap?gc=1")
+	resp, err := http.Get("http://" + pprofAddr + "/debug/pprof/" + which)
 	if err != nil {
 		return
 	}

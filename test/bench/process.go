@@ -83,6 +83,7 @@ func (b *binaries) cleanup() {
 type proc struct {
 	cmd     *exec.Cmd
 	metrics string
+	pprof   string // with BENCH_PROFILE_DIR: its pprof address
 }
 
 // startProcesses starts n bridge processes for the run (n > 1: over 16
@@ -103,14 +104,19 @@ func startProcesses(ctx context.Context, e *env, r *run, n int) (func(), error) 
 	}
 	stop := func() { stopProcs(r.procs) }
 	for range n {
-		metricsAddr, healthAddr := freeAddr(), freeAddr()
-		cmd := exec.Command(b.bridge, append(args, "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr)...)
+		metricsAddr, healthAddr, pprofAddr := freeAddr(), freeAddr(), ""
+		procArgs := append(args, "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr)
+		if os.Getenv("BENCH_PROFILE_DIR") != "" {
+			pprofAddr = freeAddr()
+			procArgs = append(procArgs, "--pprof-bind-address", pprofAddr)
+		}
+		cmd := exec.Command(b.bridge, procArgs...)
 		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 		if err := cmd.Start(); err != nil {
 			stop()
 			return nil, err
 		}
-		r.procs = append(r.procs, &proc{cmd: cmd, metrics: "http://" + metricsAddr + "/metrics"})
+		r.procs = append(r.procs, &proc{cmd: cmd, metrics: "http://" + metricsAddr + "/metrics", pprof: pprofAddr})
 		if err := waitHTTP("http://"+healthAddr+"/readyz", 60*time.Second); err != nil {
 			stop()
 			return nil, err
