@@ -163,12 +163,15 @@ func (m *Manager) Begin(key types.NamespacedName) (done func(), ok bool) {
 func (m *Manager) Lost(key types.NamespacedName) {
 	n := m.Shard(key)
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.owned[n] {
+	lost := m.owned[n]
+	if lost {
 		m.o.Log.Info("a record write conflicted: another replica holds the shard; giving it up", "shard", n)
 		m.owned[n] = false
 		handovers.WithLabelValues("lost").Inc()
-		defer m.notify() // after the unlock
+	}
+	m.mu.Unlock()
+	if lost {
+		m.notify() // it takes the lock
 	}
 }
 

@@ -375,3 +375,33 @@ func TestHeldIsToldOfEveryChange(t *testing.T) {
 		t.Fatalf("stopped: %v", err)
 	}
 }
+
+// TestLostShardIsTakenAgain: a shard given up because a record write
+// conflicted is not this replica's at once; its Lease still names this
+// replica, so if nobody else holds it, the replica takes it again at its
+// next retry (reloading its records).
+func TestLostShardIsTakenAgain(t *testing.T) {
+	name := fmt.Sprintf("lost-%d", time.Now().UnixNano()%100000)
+	var loads atomic.Int32
+	a := startReplica(t, name, "a", 2, func(o *shards.Options) {
+		o.Load = func(context.Context, int) error { loads.Add(1); return nil }
+	})
+	waitShares(t, []*replica{a}, 2, [2]int{2, 2})
+	key := types.NamespacedName{Namespace: "ns", Name: "s"}
+	before := loads.Load()
+	returned := make(chan struct{})
+	go func() { a.m.Lost(key); close(returned) }()
+	select {
+	case <-returned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Lost did not return")
+	}
+	if err := stack.Eventually(20*time.Second, func() error {
+		if !a.m.Owns(key) || loads.Load() == before {
+			return fmt.Errorf("shard %d not taken again (loads %d, before %d)", a.m.Shard(key), loads.Load(), before)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
