@@ -53,6 +53,9 @@ func TestSmoke(t *testing.T) {
 	if !strings.Contains(table, "With two services' receipts for each of the 40 Students (80 receipts)") {
 		t.Errorf("no memory with receipts:\n%s", table)
 	}
+	if !regexp.MustCompile(`(?m)^\| student-bridge \| \d+ \(\d+-\d+\) \| [\d.]+x`).MatchString(table) {
+		t.Errorf("no capacity of student-bridge against the raw informer:\n%s", table)
+	}
 	if !regexp.MustCompile(`(?m)^\| 3 replicas over 16 shards \| \d+ \| [\d.]+ \|$`).MatchString(table) {
 		t.Errorf("no writes at rest of three replicas over shards:\n%s", table)
 	}

@@ -126,6 +126,10 @@ type result struct {
 	applied         int64
 	// stages is what the bridge's stage histograms observed in the run.
 	stages map[string]stages.Histogram
+	// drained is the changes covered per second, from the first change
+	// scheduled to the last event that covered one: at a rate beyond the
+	// variant's capacity, its capacity.
+	drained float64
 }
 
 func (t *tracker) result(variant string, rate int) result {
@@ -134,15 +138,22 @@ func (t *tracker) result(variant string, rate int) result {
 	r := result{variant: variant, rate: rate, events: t.events}
 	var lats []time.Duration
 	last := map[string]*change{}
+	var first, end time.Time
 	for _, c := range t.changes {
 		if c.err != nil {
 			r.failed++
 			continue
 		}
 		r.made++
+		if first.IsZero() || c.scheduled.Before(first) {
+			first = c.scheduled
+		}
 		if l, ok := t.latency(c); ok {
 			r.covered++
 			lats = append(lats, l)
+			if at := c.scheduled.Add(l); at.After(end) {
+				end = at
+			}
 		}
 		if prev := last[c.name]; prev == nil || prev.scheduled.Before(c.scheduled) {
 			last[c.name] = c
@@ -172,6 +183,9 @@ func (t *tracker) result(variant string, rate int) result {
 	}
 	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
 	r.p50, r.p99, r.p999 = pct(lats, 0.50), pct(lats, 0.99), pct(lats, 0.999)
+	if d := end.Sub(first).Seconds(); d > 0 {
+		r.drained = float64(r.covered) / d
+	}
 	return r
 }
 

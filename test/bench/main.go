@@ -47,6 +47,21 @@ import (
 	"github.com/student-bridge/student-bridge/reconciler"
 )
 
+// selected reports whether a variant named name runs with -only only:
+// every variant without it, else those whose name contains one of its
+// comma-separated parts.
+func selected(name, only string) bool {
+	if only == "" {
+		return true
+	}
+	for _, part := range strings.Split(only, ",") {
+		if part != "" && strings.Contains(name, part) {
+			return true
+		}
+	}
+	return false
+}
+
 // cellKey names a cell of the results: a variant at a rate.
 type cellKey struct {
 	variant string
@@ -78,7 +93,7 @@ func main() {
 	flag.IntVar(&o.reps, "reps", 3, "Repetitions of every (variant, rate); the table shows the median and the min-max.")
 	flag.StringVar(&students, "students", "1000,10000", "Student counts for the memory and restart measurements; empty skips them.")
 	flag.StringVar(&o.out, "out", "bench-results/results.md", "Results file (markdown).")
-	flag.StringVar(&o.only, "only", "", "Run only variants whose name contains this.")
+	flag.StringVar(&o.only, "only", "", "Run only variants whose name contains this (or one of these, comma separated).")
 	flag.DurationVar(&o.idle, "idle", 30*time.Second, "How long the API writes at rest are counted per shape; 0 skips them.")
 	flag.BoolVar(&o.bisect, "bisect", true, "Narrow each variant's highest sustained rate to within 10% by bisection between the grid's rates.")
 	flag.DurationVar(&settleQuiet, "settle", 2*time.Second, "A run has settled when no event arrived for this long.")
@@ -146,7 +161,7 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	var tasks []task
 	for rep := range o.reps {
 		for _, v := range variants {
-			if o.only != "" && !strings.Contains(v.name, o.only) {
+			if !selected(v.name, o.only) {
 				continue
 			}
 			for _, rate := range o.rates {
@@ -207,6 +222,7 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 			covered, made, lost, unobserved, dup, wpc, epc, cpu/float64(made)*1000, ownPC, cpCPU/float64(made)*1000, keptUp)
 	})
 	b.WriteString(stageTable(o, results))
+	b.WriteString(capacityTable(o, results))
 	b.WriteString("\nHighest sustained rate (p99 < 1 s, no lost final state, generator kept its schedule):\n\n")
 	probeRuns := 0 // names each probe's namespace and stream
 	for _, v := range variants {
@@ -311,6 +327,43 @@ func stageTable(o options, results map[cellKey][]result) string {
 			fmt.Fprintf(&b, " %s / %s |", ms(h.Quantile(0.5)), ms(h.Quantile(0.99)))
 		}
 		b.WriteString("\n")
+	})
+	return b.String()
+}
+
+// capacityTable compares the variants' drain rates at the grid's highest
+// rate, where (run far beyond what they sustain) the rate is their
+// capacity: median and range of the repetitions, and for each variant
+// whether its range overlaps the raw informer's.
+func capacityTable(o options, results map[cellKey][]result) string {
+	top := slices.Max(o.rates)
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nCapacity: changes covered per second at %d/s (from the first change to the last event covering one; beyond a variant's capacity, its capacity), median (min-max) of the repetitions:\n\n", top)
+	b.WriteString("| variant | drained changes/s | against raw-informer |\n| --- | --- | --- |\n")
+	span := func(rs []result) (lo, med, hi float64) {
+		d := make([]float64, len(rs))
+		for i, r := range rs {
+			d[i] = r.drained
+		}
+		slices.Sort(d)
+		return d[0], d[len(d)/2], d[len(d)-1]
+	}
+	rawLo, rawMed, rawHi := 0.0, 0.0, 0.0
+	raw := results[cellKey{"raw-informer", top}]
+	if len(raw) > 0 {
+		rawLo, rawMed, rawHi = span(raw)
+	}
+	eachCell([]int{top}, results, func(variant) bool { return true }, func(v variant, _ int, rs []result) {
+		lo, med, hi := span(rs)
+		cmp := "-"
+		switch {
+		case len(raw) == 0 || v.name == "raw-informer":
+		case hi < rawLo || lo > rawHi:
+			cmp = fmt.Sprintf("%.2fx", med/rawMed)
+		default:
+			cmp = fmt.Sprintf("%.2fx, not distinguishable (ranges overlap)", med/rawMed)
+		}
+		fmt.Fprintf(&b, "| %s | %.0f (%.0f-%.0f) | %s |\n", v.name, med, lo, hi, cmp)
 	})
 	return b.String()
 }
