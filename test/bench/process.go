@@ -128,12 +128,7 @@ func startProcesses(ctx context.Context, e *env, r *run, n int) (func(), error) 
 			return nil, err
 		}
 	}
-	stopSub, err := subscribe(ctx, e, r)
-	if err != nil {
-		stop()
-		return nil, err
-	}
-	return func() { stopSub(); stop() }, nil
+	return withSubscriber(ctx, e, r, stop)
 }
 
 // startRawInformerProcess runs the raw informer as a process of its own.
@@ -173,12 +168,7 @@ func startRawInformerProcess(ctx context.Context, e *env, r *run) (func(), error
 		stopProcs(r.procs)
 		return nil, err
 	}
-	stopSub, err := subscribe(ctx, e, r)
-	if err != nil {
-		stopProcs(r.procs)
-		return nil, err
-	}
-	return func() { stopSub(); stopProcs(r.procs) }, nil
+	return withSubscriber(ctx, e, r, func() { stopProcs(r.procs) })
 }
 
 // rawInformerMain is this binary started as "raw-informer": the raw

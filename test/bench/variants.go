@@ -168,12 +168,18 @@ func startReplicas(ctx context.Context, e *env, r *run, n int) (func(), error) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	return withSubscriber(ctx, e, r, stopAll)
+}
+
+// withSubscriber starts the run's subscriber for a variant that stop
+// stops; the stop it returns stops both (stop alone if it cannot start).
+func withSubscriber(ctx context.Context, e *env, r *run, stop func()) (func(), error) {
 	stopSub, err := subscribe(ctx, e, r)
 	if err != nil {
-		stopAll()
+		stop()
 		return nil, err
 	}
-	return func() { stopSub(); stopAll() }, nil
+	return func() { stopSub(); stop() }, nil
 }
 
 // subscribe delivers every event of the run's stream to the tracker.
@@ -248,12 +254,7 @@ func startRawInformer(ctx context.Context, e *env, r *run) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
-	stopSub, err := subscribe(ctx, e, r)
-	if err != nil {
-		stop()
-		return nil, err
-	}
-	return func() { stopSub(); stop() }, nil
+	return withSubscriber(ctx, e, r, stop)
 }
 
 // runRawInformer runs the raw informer on Students of ns, publishing with
@@ -314,12 +315,7 @@ func startBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinali
 	if err != nil {
 		return nil, err
 	}
-	stopSub, err := subscribe(ctx, e, r)
-	if err != nil {
-		stop()
-		return nil, err
-	}
-	return func() { stopSub(); stop() }, nil
+	return withSubscriber(ctx, e, r, stop)
 }
 
 // runBridge runs one bridge for the run until the returned stop.
