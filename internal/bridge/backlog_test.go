@@ -6,7 +6,6 @@ import (
 	"maps"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,10 +22,7 @@ import (
 func TestShardBacklog(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
-	cfg := testConfig(t, ns, "backlog")
-	cfg.Shards.Count = 4
-	cfg.LeaderElection.Namespace = ns
-	cfg.LeaderElection.LeaseDuration, cfg.LeaderElection.RetryPeriod = 4*time.Second, 500*time.Millisecond
+	cfg := shardedConfig(t, ns, "backlog")
 	startBridge(t, cfg)
 	nc := natsConn(t)
 

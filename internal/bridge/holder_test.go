@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
@@ -49,6 +50,18 @@ func (w *writer) restConfig(leaseID string) *rest.Config {
 	return cfg
 }
 
+// shardedConfig is testConfig with four shards, their Leases in ns, and
+// Lease timing short enough for handovers within a test (lease 3 s, renew
+// deadline 2 s, retry 500 ms).
+func shardedConfig(t *testing.T, ns, prefix string) *config.Config {
+	t.Helper()
+	cfg := testConfig(t, ns, prefix)
+	cfg.Shards.Count = 4
+	cfg.LeaderElection.Namespace = ns
+	cfg.LeaderElection.LeaseDuration, cfg.LeaderElection.RenewDeadline, cfg.LeaderElection.RetryPeriod = 3*time.Second, 2*time.Second, 500*time.Millisecond
+	return cfg
+}
+
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
@@ -59,11 +72,8 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 func TestStatusOnlyByTheHolder(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
-	cfg := testConfig(t, ns, "holder")
-	cfg.Shards.Count = 4
+	cfg := shardedConfig(t, ns, "holder")
 	cfg.Services.Expected = []string{"billing"}
-	cfg.LeaderElection.Namespace = ns
-	cfg.LeaderElection.LeaseDuration, cfg.LeaderElection.RenewDeadline, cfg.LeaderElection.RetryPeriod = 3*time.Second, 2*time.Second, 500*time.Millisecond
 	ws := []*writer{{}, {}}
 	for _, w := range ws {
 		c := *cfg
@@ -165,10 +175,7 @@ func TestStatusOnlyByTheHolder(t *testing.T) {
 func TestGainedShardReloadsRecords(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
-	cfg := testConfig(t, ns, "reload")
-	cfg.Shards.Count = 4
-	cfg.LeaderElection.Namespace = ns
-	cfg.LeaderElection.LeaseDuration, cfg.LeaderElection.RenewDeadline, cfg.LeaderElection.RetryPeriod = 3*time.Second, 2*time.Second, 500*time.Millisecond
+	cfg := shardedConfig(t, ns, "reload")
 	a, b := *cfg, *cfg
 	startBridge(t, &a)
 	stopB := startBridge(t, &b)
