@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -409,4 +410,87 @@ func RunTests(m interface{ Run() int }, opts Options, use func(*Stack)) int {
 		code = 1
 	}
 	return code
+}
+
+// NATSCluster is a JetStream cluster of embedded nats-servers with routes
+// on loopback, each with a store of its own, as deploy/nats runs three.
+type NATSCluster struct {
+	Servers []*NATS
+}
+
+// StartNATSCluster starts n servers named n0, n1, ... in one cluster and
+// returns once JetStream has a meta leader.
+func StartNATSCluster(n int) (*NATSCluster, error) {
+	ports := make([]int, n)
+	routes := make([]*url.URL, n)
+	for i := range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		routes[i] = &url.URL{Scheme: "nats", Host: fmt.Sprintf("127.0.0.1:%d", ports[i])}
+	}
+	c := &NATSCluster{}
+	for i := range n {
+		srv, err := StartNATS(NATSOptions{Configure: func(o *natsserver.Options) {
+			o.ServerName = fmt.Sprintf("n%d", i)
+			o.Cluster = natsserver.ClusterOpts{Name: "student-bridge-local", Host: "127.0.0.1", Port: ports[i]}
+			o.Routes = routes
+		}})
+		if err != nil {
+			c.Stop()
+			return nil, err
+		}
+		c.Servers = append(c.Servers, srv)
+	}
+	if err := c.WaitReady(30 * time.Second); err != nil {
+		c.Stop()
+		return nil, err
+	}
+	return c, nil
+}
+
+// URL lists every server's client URL, comma separated, as a client of
+// the cluster is given them.
+func (c *NATSCluster) URL() string {
+	var urls []string
+	for _, s := range c.Servers {
+		urls = append(urls, fmt.Sprintf("nats://%s:%d", s.opts.Host, s.opts.Port))
+	}
+	return strings.Join(urls, ",")
+}
+
+// Server is the running server named name, or nil.
+func (c *NATSCluster) Server(name string) *NATS {
+	for _, s := range c.Servers {
+		if s.Server != nil && s.Server.Name() == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// WaitReady waits until JetStream answers through every running server
+// (the cluster has a meta leader and every server knows it).
+func (c *NATSCluster) WaitReady(timeout time.Duration) error {
+	return Eventually(timeout, func() error {
+		for _, s := range c.Servers {
+			if s.Server == nil || !s.Server.Running() {
+				continue
+			}
+			if !s.Server.JetStreamIsClustered() || !s.Server.JetStreamIsCurrent() {
+				return fmt.Errorf("server %s: JetStream cluster not current yet", s.Server.Name())
+			}
+		}
+		return nil
+	})
+}
+
+// Stop stops every server and removes their stores.
+func (c *NATSCluster) Stop() {
+	for _, s := range c.Servers {
+		s.Stop()
+	}
 }
