@@ -33,7 +33,7 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 	cfg := testConfig(t, ns, "cluster")
 	cfg.NATS.URLs = cluster.URL()
 	cfg.NATS.Stream.Replicas, cfg.State.Replicas = 3, 3
-	cfg.NATS.AckTimeout = 5 * time.Second
+	cfg.NATS.AckTimeout = 300 * time.Millisecond // publishes during the election fail and are retried
 	startBridge(t, cfg)
 	nc, err := nats.Connect(cluster.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
@@ -62,10 +62,13 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 		t.Fatalf("stream leader %q is not one of the cluster's servers", leader)
 	}
 	failed := publishErrors(t)
-	node.Shutdown()
-	// Changes while the stream elects a new leader: 10 created, 10
-	// updated, 5 deleted.
-	for i := 20; i < 30; i++ {
+	// The node stops in the middle of 40 creates, so that publishes are
+	// in flight; then, while the stream may still elect a new leader, 10
+	// Students are updated and 5 deleted.
+	for i := 20; i < 60; i++ {
+		if i == 30 {
+			node.Shutdown()
+		}
 		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%02d", i), "wang", "china")); err != nil {
 			t.Fatal(err)
 		}
@@ -83,7 +86,7 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the stream telling the truth about every Student", func() error { return streamAgrees(ctx, nc, cfg.NATS.Stream.Name, ns) })
-	t.Logf("fault report: stream leader %s stopped while 25 Students changed, then restarted: everything published %s after the restart; publishes that failed and were retried meanwhile: %v",
+	t.Logf("fault report: stream leader %s stopped while 55 Students changed, then restarted: everything published %s after the restart; publishes that failed and were retried meanwhile: %v",
 		leader, time.Since(t0).Round(100*time.Millisecond), publishErrors(t)-failed)
 }
 
