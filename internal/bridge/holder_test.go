@@ -225,3 +225,58 @@ func TestGainedShardReloadsRecords(t *testing.T) {
 		t.Errorf("shards lost to record-write conflicts after the handover: %v (%v), want none", now-lost, err)
 	}
 }
+
+// TestEventsBudgetIsTheWholeBridges: kubernetesEventsQPS is what all
+// replicas together write: two replicas holding two of four shards each
+// write at most its share each, so a backlog of Events drains at the
+// budget, not at twice it.
+func TestEventsBudgetIsTheWholeBridges(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := shardedConfig(t, ns, "budget")
+	cfg.KubernetesEventsQPS = 4
+	cfg.Status.Enabled = false
+	a, b := *cfg, *cfg
+	startBridge(t, &a)
+	startBridge(t, &b)
+	waitFor(t, "two replicas holding two shards each", func() error {
+		var list coordinationv1.LeaseList
+		if err := st.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		count := map[string]int{}
+		for _, h := range shards.ShardHolders(list.Items, time.Now()) {
+			count[h]++
+		}
+		for _, c := range count {
+			if len(count) != 2 || c != 2 {
+				return fmt.Errorf("shards held %v", count)
+			}
+		}
+		return nil
+	})
+	const n = 80
+	for i := range n {
+		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%02d", i), "wang", "china")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStream(t, natsConn(t), cfg.NATS.Stream.Name, n) // 80 Events queued, most not written yet
+	written := func() float64 {
+		v, err := stack.Counter("student_bridge_kubernetes_events_total", "result", "written")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	before, t0 := written(), time.Now()
+	time.Sleep(3 * time.Second)
+	got, elapsed := written()-before, time.Since(t0)
+	// The budget and a burst of each replica's share.
+	if limit := cfg.KubernetesEventsQPS*elapsed.Seconds() + 2*2; got > limit {
+		t.Errorf("two replicas wrote %v Kubernetes Events in %s with kubernetesEventsQPS %v, want at most %.0f", got, elapsed.Round(time.Millisecond), cfg.KubernetesEventsQPS, limit)
+	}
+	if got == 0 {
+		t.Error("no Kubernetes Event written while 80 waited")
+	}
+}
