@@ -11,10 +11,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
@@ -279,4 +281,70 @@ func TestEventsBudgetIsTheWholeBridges(t *testing.T) {
 	if got == 0 {
 		t.Error("no Kubernetes Event written while 80 waited")
 	}
+}
+
+// TestOtherShardsChangesAreNotReconciled: with two replicas, a change of a
+// Student is reconciled by the replica that holds its shard only; the
+// other keeps it in its cache and drops it before its work queue.
+func TestOtherShardsChangesAreNotReconciled(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := shardedConfig(t, ns, "notours")
+	a, b := *cfg, *cfg
+	startBridge(t, &a)
+	startBridge(t, &b)
+	waitFor(t, "two replicas holding the shards", func() error {
+		var list coordinationv1.LeaseList
+		if err := st.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+			return err
+		}
+		held := shards.ShardHolders(list.Items, time.Now())
+		count := map[string]int{}
+		for _, h := range held {
+			count[h]++
+		}
+		if len(held) != 4 || len(count) != 2 {
+			return fmt.Errorf("shards held %v", held)
+		}
+		return nil
+	})
+	time.Sleep(time.Second) // the gained shards' (empty) catch-up is done
+	before := reconciles(t)
+	const n = 20
+	for i := range n {
+		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%02d", i), "wang", "china")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStream(t, natsConn(t), cfg.NATS.Stream.Name, n)
+	time.Sleep(time.Second)
+	// One reconcile per created Student by its holder (a retry may add
+	// some); both replicas reconciling each would make 2n.
+	if got := reconciles(t) - before; got < n || got > n+n/4 {
+		t.Errorf("%v reconciles for %d created Students by two replicas, want %d to %d", got, n, n, n+n/4)
+	}
+}
+
+// reconciles counts the Student controller's reconciles in this test
+// binary, whatever their result.
+func reconciles(t *testing.T) float64 {
+	t.Helper()
+	families, err := metrics.Registry.(prometheus.Gatherer).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() != "controller_runtime_reconcile_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "controller" && l.GetValue() == "student-bridge" {
+					sum += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
 }
