@@ -8,9 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stack"
@@ -93,24 +91,7 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 // publishErrors is how many publishes failed in this test binary so far.
 func publishErrors(t *testing.T) float64 {
 	t.Helper()
-	families, err := metrics.Registry.(prometheus.Gatherer).Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, f := range families {
-		if f.GetName() != "student_bridge_events_published_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == "error" {
-					sum += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return sum
+	return counter(t, "student_bridge_events_published_total", map[string]string{"result": "error"})
 }
 
 // streamAgrees compares the stream with the API server: the last event of

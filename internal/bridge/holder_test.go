@@ -11,12 +11,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
@@ -64,6 +62,41 @@ func shardedConfig(t *testing.T, ns, prefix string) *config.Config {
 	return cfg
 }
 
+// shardHolders is who holds each shard of the bridge whose Leases are in
+// ns, now.
+func shardHolders(t *testing.T, ns string) map[int]string {
+	t.Helper()
+	var list coordinationv1.LeaseList
+	if err := st.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	return shards.ShardHolders(list.Items, time.Now())
+}
+
+// waitTwoShardsEach waits until two replicas hold two of the four shards
+// of the bridge whose Leases are in ns each, and returns who holds which.
+func waitTwoShardsEach(t *testing.T, ns string) map[int]string {
+	t.Helper()
+	var holders map[int]string
+	waitFor(t, "two replicas holding two shards each", func() error {
+		holders = shardHolders(t, ns)
+		count := map[string]int{}
+		for _, h := range holders {
+			count[h]++
+		}
+		if len(holders) != 4 || len(count) != 2 {
+			return fmt.Errorf("shards held %v", holders)
+		}
+		for _, c := range count {
+			if c != 2 {
+				return fmt.Errorf("shards held %v", holders)
+			}
+		}
+		return nil
+	})
+	return holders
+}
+
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
@@ -81,24 +114,19 @@ func TestStatusOnlyByTheHolder(t *testing.T) {
 		c := *cfg
 		startBridgeWith(t, &c, w.restConfig(cfg.LeaderElection.ID))
 	}
-	var holders map[int]string
-	waitFor(t, "two replicas holding two shards each", func() error {
-		var list coordinationv1.LeaseList
-		if err := st.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
-			return err
-		}
-		holders = shards.ShardHolders(list.Items, time.Now())
-		count := map[string]int{}
-		for _, h := range holders {
-			count[h]++
-		}
+	holders := waitTwoShardsEach(t, ns)
+	count := map[string]int{}
+	for _, h := range holders {
+		count[h]++
+	}
+	waitFor(t, "both replicas' identities seen", func() error {
 		var ids []string
 		for _, w := range ws {
 			w.mu.Lock()
 			ids = append(ids, w.identity)
 			w.mu.Unlock()
 		}
-		if len(holders) != 4 || ids[0] == "" || ids[0] == ids[1] || count[ids[0]] != 2 || count[ids[1]] != 2 {
+		if ids[0] == "" || ids[0] == ids[1] || count[ids[0]] != 2 || count[ids[1]] != 2 {
 			return fmt.Errorf("shards held %v, replicas %v", holders, ids)
 		}
 		return nil
@@ -147,11 +175,7 @@ func TestStatusOnlyByTheHolder(t *testing.T) {
 	})
 	time.Sleep(time.Second) // status writes that were still coming
 
-	var list coordinationv1.LeaseList
-	if err := st.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	if now := shards.ShardHolders(list.Items, time.Now()); fmt.Sprint(now) != fmt.Sprint(holders) {
+	if now := shardHolders(t, ns); fmt.Sprint(now) != fmt.Sprint(holders) {
 		t.Fatalf("shards moved during the test: %v, then %v", holders, now)
 	}
 	for _, w := range ws {
@@ -181,20 +205,7 @@ func TestGainedShardReloadsRecords(t *testing.T) {
 	a, b := *cfg, *cfg
 	startBridge(t, &a)
 	stopB := startBridge(t, &b)
-	waitFor(t, "two replicas sharing the shards", func() error {
-		var list coordinationv1.LeaseList
-		if err := st.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
-			return err
-		}
-		count := map[string]int{}
-		for _, h := range shards.ShardHolders(list.Items, time.Now()) {
-			count[h]++
-		}
-		if len(count) != 2 {
-			return fmt.Errorf("holders %v", count)
-		}
-		return nil
-	})
+	waitTwoShardsEach(t, ns)
 	const n = 12
 	for i := range n {
 		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%d", i), "wang", "china")); err != nil {
@@ -241,22 +252,7 @@ func TestEventsBudgetIsTheWholeBridges(t *testing.T) {
 	a, b := *cfg, *cfg
 	startBridge(t, &a)
 	startBridge(t, &b)
-	waitFor(t, "two replicas holding two shards each", func() error {
-		var list coordinationv1.LeaseList
-		if err := st.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
-			return err
-		}
-		count := map[string]int{}
-		for _, h := range shards.ShardHolders(list.Items, time.Now()) {
-			count[h]++
-		}
-		for _, c := range count {
-			if len(count) != 2 || c != 2 {
-				return fmt.Errorf("shards held %v", count)
-			}
-		}
-		return nil
-	})
+	waitTwoShardsEach(t, ns)
 	const n = 80
 	for i := range n {
 		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%02d", i), "wang", "china")); err != nil {
@@ -293,21 +289,7 @@ func TestOtherShardsChangesAreNotReconciled(t *testing.T) {
 	a, b := *cfg, *cfg
 	startBridge(t, &a)
 	startBridge(t, &b)
-	waitFor(t, "two replicas holding the shards", func() error {
-		var list coordinationv1.LeaseList
-		if err := st.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
-			return err
-		}
-		held := shards.ShardHolders(list.Items, time.Now())
-		count := map[string]int{}
-		for _, h := range held {
-			count[h]++
-		}
-		if len(held) != 4 || len(count) != 2 {
-			return fmt.Errorf("shards held %v", held)
-		}
-		return nil
-	})
+	waitTwoShardsEach(t, ns)
 	time.Sleep(time.Second) // the gained shards' (empty) catch-up is done
 	before := reconciles(t)
 	const n = 20
@@ -329,22 +311,5 @@ func TestOtherShardsChangesAreNotReconciled(t *testing.T) {
 // binary, whatever their result.
 func reconciles(t *testing.T) float64 {
 	t.Helper()
-	families, err := metrics.Registry.(prometheus.Gatherer).Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, f := range families {
-		if f.GetName() != "controller_runtime_reconcile_total" {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "controller" && l.GetValue() == "student-bridge" {
-					sum += m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return sum
+	return counter(t, "controller_runtime_reconcile_total", map[string]string{"controller": "student-bridge"})
 }
