@@ -217,6 +217,8 @@ func (m *Manager) Start(ctx context.Context) error {
 
 func (m *Manager) shardLease(n int) string { return fmt.Sprintf("%s-shard-%d", m.o.Name, n) }
 
+func (m *Manager) memberLease() string { return m.o.Name + "-member-" + m.o.Identity }
+
 func (m *Manager) step(ctx context.Context) error {
 	now := time.Now()
 	if err := m.renewMember(ctx, now); err != nil {
@@ -383,7 +385,7 @@ func (m *Manager) renewMember(ctx context.Context, now time.Time) error {
 		return nil
 	}
 	dur := max(int32(m.o.LeaseDuration/time.Second), 1)
-	name := m.o.Name + "-member-" + m.o.Identity
+	name := m.memberLease()
 	var l coordinationv1.Lease
 	err := m.o.Client.Get(ctx, client.ObjectKey{Namespace: m.o.Namespace, Name: name}, &l)
 	if apierrors.IsNotFound(err) {
@@ -416,10 +418,10 @@ func (m *Manager) releaseAll() {
 			errs = append(errs, m.o.Client.Update(ctx, &fresh))
 		}
 	}
-	member := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: m.o.Namespace, Name: m.o.Name + "-member-" + m.o.Identity}}
+	member := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: m.o.Namespace, Name: m.memberLease()}}
 	errs = append(errs, client.IgnoreNotFound(m.o.Client.Delete(ctx, member)))
 	if err := errors.Join(errs...); err != nil {
-		m.o.Log.Info("releasing the shards' Leases failed; they expire instead", "reason", err.Error())
+		m.o.Log.Info("releasing the Leases failed; the shards are free once the member Lease expires", "reason", err.Error())
 	}
 	m.notify()
 }
