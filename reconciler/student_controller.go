@@ -383,10 +383,7 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 	if _, known := r.Records.Get(stu.UID); !known {
 		pending := rec
 		pending.Pending = true
-		start := time.Now()
-		err := r.Records.Save(ctx, pending)
-		since(StageWriteAhead, start)
-		if err != nil {
+		if err := r.save(ctx, StageWriteAhead, pending); err != nil {
 			err = fmt.Errorf("record %s %s before it goes out: %w", typ, ev.ID(), err)
 			r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, failureReason(err), "Publish", "%v", err)
 			return r.failed(key, terminalIfInvalid(err))
@@ -402,16 +399,19 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 	r.Recorder.Eventf(stu, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "published %s to %s, id %s, stream sequence %d", typ, receipt.Subject, ev.ID(), receipt.Sequence)
 
 	rec.Published.Sequence = int64(receipt.Sequence)
-	start := time.Now()
-	err = r.Records.Save(ctx, rec)
-	since(StageRecord, start)
-	if err != nil {
+	if err := r.save(ctx, StageRecord, rec); err != nil {
 		// The event is out: memory keeps the record, and nothing new goes
 		// out until the store takes it.
 		return r.failed(key, fmt.Errorf("record %s %s: %w", typ, ev.ID(), err))
 	}
 	r.failures.Delete(key)
 	return nil
+}
+
+// save writes rec to the record store, timed as stage.
+func (r *StudentReconciler) save(ctx context.Context, stage string, rec studentv1.StudentRecord) error {
+	defer since(stage, time.Now())
+	return r.Records.Save(ctx, rec)
 }
 
 // failed remembers err for the status view and returns it.
@@ -637,16 +637,10 @@ func (r *StudentReconciler) rememberGone() predicate.Predicate {
 // stamp remembers when the watch showed a change of a Student whose
 // reconcile has not started yet: where the queue stage begins.
 func (r *StudentReconciler) stamp() predicate.Predicate {
-	at := func(o client.Object) bool {
+	return predicate.NewPredicateFuncs(func(o client.Object) bool {
 		r.seen.LoadOrStore(client.ObjectKeyFromObject(o), time.Now())
 		return true
-	}
-	return predicate.Funcs{
-		CreateFunc:  func(e event.CreateEvent) bool { return at(e.Object) },
-		UpdateFunc:  func(e event.UpdateEvent) bool { return at(e.ObjectNew) },
-		DeleteFunc:  func(e event.DeleteEvent) bool { return at(e.Object) },
-		GenericFunc: func(e event.GenericEvent) bool { return at(e.Object) },
-	}
+	})
 }
 
 // changePredicate lets through the updates that can need an event or a
