@@ -39,9 +39,10 @@ func Snapshot() (map[string]Histogram, error) {
 	return FromFamilies(families), nil
 }
 
-// Scrape reads every stage's histogram from a bridge's /metrics text at
-// url (a bridge running as a process of its own).
-func Scrape(url string) (map[string]Histogram, error) {
+// Gather reads the metrics a process serves as /metrics text at url (a
+// bridge running as a process of its own); FromFamilies picks the stages
+// out of them.
+func Gather(url string) ([]*dto.MetricFamily, error) {
 	resp, err := http.Get(url)
 	if err != nil {
 		return nil, err
@@ -56,7 +57,7 @@ func Scrape(url string) (map[string]Histogram, error) {
 	for _, f := range byName {
 		families = append(families, f)
 	}
-	return FromFamilies(families), nil
+	return families, nil
 }
 
 // FromFamilies picks the stage histograms out of gathered metrics.

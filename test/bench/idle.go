@@ -6,11 +6,7 @@ import (
 	"strings"
 	"time"
 
-	coordinationv1 "k8s.io/api/coordination/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-
 	"github.com/student-bridge/student-bridge/internal/config"
-	"github.com/student-bridge/student-bridge/internal/shards"
 )
 
 // idleCost measures what the bridge writes to the API server when no
@@ -34,26 +30,16 @@ func idleCost(ctx context.Context, e *env, window time.Duration) (string, error)
 		if err := newNamespace(ctx, e, r.ns, false); err != nil {
 			return "", err
 		}
-		var stops []func()
-		stopAll := func() {
-			for _, stop := range stops {
-				stop()
-			}
+		stopAll, err := startBridges(ctx, e, r, shape.replicas, func(cfg *config.Config) {
+			cfg.LeaderElection.Enabled = true
+			cfg.LeaderElection.ID = "bench-" + r.id
+			cfg.LeaderElection.Namespace = r.ns
+			cfg.Shards.Count = shape.shards
+		})
+		if err != nil {
+			return "", err
 		}
-		for range shape.replicas {
-			stop, err := runBridge(ctx, e, r, true, true, func(cfg *config.Config) {
-				cfg.LeaderElection.Enabled = true
-				cfg.LeaderElection.ID = "bench-" + r.id
-				cfg.LeaderElection.Namespace = r.ns
-				cfg.Shards.Count = shape.shards
-			})
-			if err != nil {
-				stopAll()
-				return "", err
-			}
-			stops = append(stops, stop)
-		}
-		if err := settled(ctx, e, r, shape.replicas, shape.shards); err != nil {
+		if err := settled(ctx, e, r, shape.replicas, shape.shards, 60*time.Second); err != nil {
 			stopAll()
 			return "", err
 		}
@@ -67,38 +53,4 @@ func idleCost(ctx context.Context, e *env, window time.Duration) (string, error)
 		fmt.Fprintf(&b, "| %s | %d | %.2f |\n", shape.name, writes, float64(writes)/elapsed.Seconds())
 	}
 	return b.String(), nil
-}
-
-// settled waits until a leader holds the lock (one shard) or the replicas
-// hold every shard in fair shares.
-func settled(ctx context.Context, e *env, r *run, replicas, count int) error {
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		var list coordinationv1.LeaseList
-		if err := e.st.Client.List(ctx, &list, client.InNamespace(r.ns)); err == nil {
-			ok := false
-			if count == 1 {
-				for _, h := range shards.Holders(list.Items, time.Now()) {
-					ok = ok || h != ""
-				}
-			} else {
-				holders := map[string]int{}
-				held := shards.ShardHolders(list.Items, time.Now())
-				for _, h := range held {
-					holders[h]++
-				}
-				ok = len(held) == count && len(holders) == replicas
-				for _, c := range holders {
-					ok = ok && c >= count/replicas && c <= count/replicas+1
-				}
-			}
-			if ok {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%d replicas over %d shards did not settle within 60s", replicas, count)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }

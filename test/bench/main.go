@@ -461,15 +461,6 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 	}
 	res := r.tr.result(v.name, rate)
 	res.stages = stages.Since(stages0, stages1)
-	if len(r.procs) > 0 {
-		// The variant's own processes: their CPU, and what the bridges
-		// say of their writes (Lease renewals counted with the Students'
-		// writes) and stages.
-		res.ownCPU = own1.cpu - own0.cpu
-		r.eventWrites.Store(int64(own1.events - own0.events))
-		r.studentWrites.Store(int64(own1.writes-own0.writes) - r.eventWrites.Load())
-		res.stages = stages.Since(own0.stages, own1.stages)
-	}
 	if os.Getenv("BENCH_DEBUG") != "" {
 		for _, n := range res.lostNames {
 			var s studentv1.Student
@@ -495,6 +486,15 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 	}
 	res.behind = behind
 	res.studentWrites, res.eventWrites = r.studentWrites.Load(), r.eventWrites.Load()
+	if len(r.procs) > 0 {
+		// The variant's own processes: their CPU, and what the bridges
+		// say of their writes (Lease renewals counted with the Students'
+		// writes) and stages.
+		res.ownCPU = own1.cpu - own0.cpu
+		res.eventWrites = int64(own1.events - own0.events)
+		res.studentWrites = int64(own1.writes-own0.writes) - res.eventWrites
+		res.stages = stages.Since(own0.stages, own1.stages)
+	}
 	res.cpuSeconds = cpu
 	res.controlPlaneCPU = cpCPU
 	r.mu.Lock()

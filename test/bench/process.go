@@ -6,12 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	dto "github.com/prometheus/client_model/go"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -123,7 +122,7 @@ func startProcesses(ctx context.Context, e *env, r *run, n int) (func(), error) 
 		}
 	}
 	if n > 1 {
-		if err := settled(ctx, e, r, n, 16); err != nil {
+		if err := settled(ctx, e, r, n, 16, 60*time.Second); err != nil {
 			stop()
 			return nil, err
 		}
@@ -241,34 +240,36 @@ func (r *run) usage() (usage, error) {
 		if p.metrics == "" {
 			continue
 		}
-		u.writes += nonGetRequests(p.metrics)
-		u.events += metric(p.metrics, `student_bridge_kubernetes_events_total{result="written"}`)
-		s, err := stages.Scrape(p.metrics)
+		families, err := stages.Gather(p.metrics)
 		if err != nil {
 			return u, err
 		}
-		all = append(all, s)
+		// Its client-go requests other than GETs are its writes to the
+		// API server (Students, Events, Leases).
+		u.writes += counterSum(families, "rest_client_requests_total", func(l map[string]string) bool { return l["method"] != "GET" })
+		u.events += counterSum(families, "student_bridge_kubernetes_events_total", func(l map[string]string) bool { return l["result"] == "written" })
+		all = append(all, stages.FromFamilies(families))
 	}
 	u.stages = stages.Sum(all...)
 	return u, nil
 }
 
-// nonGetRequests sums a bridge's client-go requests other than GETs: its
-// writes to the API server (Students, Events, Leases).
-func nonGetRequests(url string) float64 {
-	resp, err := http.Get(url)
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
+// counterSum adds up the counters of name among families whose labels
+// match.
+func counterSum(families []*dto.MetricFamily, name string, match func(labels map[string]string) bool) float64 {
 	var sum float64
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "rest_client_requests_total{") && !strings.Contains(line, `method="GET"`) {
-			v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-			sum += v
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if match(labels) {
+				sum += m.GetCounter().GetValue()
+			}
 		}
 	}
 	return sum

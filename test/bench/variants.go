@@ -124,51 +124,77 @@ var variants = []variant{
 // startReplicas runs n active-active bridges (16 shards) in this process,
 // each with its own NATS connection and identity, and one subscriber.
 func startReplicas(ctx context.Context, e *env, r *run, n int) (func(), error) {
+	stopAll, err := startBridges(ctx, e, r, n, func(cfg *config.Config) {
+		cfg.Shards.Count = 16
+		cfg.LeaderElection.ID = "bench-" + r.id
+		cfg.LeaderElection.Namespace = r.ns
+		cfg.LeaderElection.LeaseDuration, cfg.LeaderElection.RetryPeriod = 3*time.Second, 500*time.Millisecond
+	})
+	if err != nil {
+		return nil, err
+	}
+	// The shares settled (every replica holds 16/n of the shards, or one
+	// more) before the load starts: no handover during the run.
+	if err := settled(ctx, e, r, n, 16, 30*time.Second); err != nil {
+		stopAll()
+		return nil, err
+	}
+	return withSubscriber(ctx, e, r, stopAll)
+}
+
+// settled waits, up to within, until a leader holds the lock (one shard)
+// or the replicas hold every shard in fair shares; the Leases are in the
+// run's namespace.
+func settled(ctx context.Context, e *env, r *run, replicas, count int, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		var list coordinationv1.LeaseList
+		if err := e.st.Client.List(ctx, &list, client.InNamespace(r.ns)); err == nil {
+			ok := false
+			if count == 1 {
+				for _, h := range shards.Holders(list.Items, time.Now()) {
+					ok = ok || h != ""
+				}
+			} else {
+				holders := map[string]int{}
+				held := shards.ShardHolders(list.Items, time.Now())
+				for _, h := range held {
+					holders[h]++
+				}
+				ok = len(held) == count && len(holders) == replicas
+				for _, c := range holders {
+					ok = ok && c >= count/replicas && c <= count/replicas+1
+				}
+			}
+			if ok {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d replicas over %d shards did not settle within %s", replicas, count, within)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// startBridges runs n bridges for the run in this process, each with its
+// own connections and identity, configured by tweak; stopAll stops them.
+func startBridges(ctx context.Context, e *env, r *run, n int, tweak func(*config.Config)) (stopAll func(), err error) {
 	var stops []func()
-	stopAll := func() {
+	stopAll = func() {
 		for _, s := range stops {
 			s()
 		}
 	}
 	for range n {
-		stop, err := runBridge(ctx, e, r, true, true, func(cfg *config.Config) {
-			cfg.Shards.Count = 16
-			cfg.LeaderElection.ID = "bench-" + r.id
-			cfg.LeaderElection.Namespace = "default"
-			cfg.LeaderElection.LeaseDuration, cfg.LeaderElection.RetryPeriod = 3*time.Second, 500*time.Millisecond
-		})
+		stop, err := runBridge(ctx, e, r, true, true, tweak)
 		if err != nil {
 			stopAll()
 			return nil, err
 		}
 		stops = append(stops, stop)
 	}
-	// The shares settled (every replica holds 16/n of the shards, or one
-	// more) before the load starts: no handover during the run.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var list coordinationv1.LeaseList
-		if err := e.st.Client.List(ctx, &list, client.InNamespace("default"), client.MatchingLabels{shards.LabelBridge: "bench-" + r.id}); err == nil {
-			held, holders := 0, map[string]int{}
-			for _, h := range shards.ShardHolders(list.Items, time.Now()) {
-				held++
-				holders[h]++
-			}
-			settled := held == 16 && len(holders) == n
-			for _, c := range holders {
-				settled = settled && c >= 16/n && c <= 16/n+1
-			}
-			if settled {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			stopAll()
-			return nil, fmt.Errorf("%d replicas did not hold the 16 shards within 30s", n)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return withSubscriber(ctx, e, r, stopAll)
+	return stopAll, nil
 }
 
 // withSubscriber starts the run's subscriber for a variant that stop
