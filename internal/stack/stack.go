@@ -414,15 +414,18 @@ func RunTests(m interface{ Run() int }, opts Options, use func(*Stack)) int {
 
 // NATSCluster is a JetStream cluster of embedded nats-servers with routes
 // on loopback, each with a store of its own, as deploy/nats runs three.
+// Every route runs through a Link, so a test can slow or cut the network
+// between servers.
 type NATSCluster struct {
 	Servers []*NATS
+	// links[i][j] carries the route server i dials to server j.
+	links [][]*Link
 }
 
 // StartNATSCluster starts n servers named n0, n1, ... in one cluster and
 // returns once JetStream has a meta leader.
 func StartNATSCluster(n int) (*NATSCluster, error) {
 	ports := make([]int, n)
-	routes := make([]*url.URL, n)
 	for i := range n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -430,13 +433,34 @@ func StartNATSCluster(n int) (*NATSCluster, error) {
 		}
 		ports[i] = l.Addr().(*net.TCPAddr).Port
 		l.Close()
-		routes[i] = &url.URL{Scheme: "nats", Host: fmt.Sprintf("127.0.0.1:%d", ports[i])}
 	}
-	c := &NATSCluster{}
+	c := &NATSCluster{links: make([][]*Link, n)}
 	for i := range n {
+		c.links[i] = make([]*Link, n)
+		for j := range n {
+			if i == j {
+				continue
+			}
+			l, err := newLink(fmt.Sprintf("127.0.0.1:%d", ports[j]))
+			if err != nil {
+				c.Stop()
+				return nil, err
+			}
+			c.links[i][j] = l
+		}
+	}
+	for i := range n {
+		var routes []*url.URL
+		for j := range n {
+			if i != j {
+				routes = append(routes, &url.URL{Scheme: "nats", Host: c.links[i][j].Addr()})
+			}
+		}
 		srv, err := StartNATS(NATSOptions{Configure: func(o *natsserver.Options) {
 			o.ServerName = fmt.Sprintf("n%d", i)
-			o.Cluster = natsserver.ClusterOpts{Name: "student-bridge-local", Host: "127.0.0.1", Port: ports[i]}
+			// NoAdvertise: servers reach each other only through the
+			// links, never at the addresses they would gossip.
+			o.Cluster = natsserver.ClusterOpts{Name: "student-bridge-local", Host: "127.0.0.1", Port: ports[i], NoAdvertise: true}
 			o.Routes = routes
 		}})
 		if err != nil {
@@ -451,6 +475,22 @@ func StartNATSCluster(n int) (*NATSCluster, error) {
 	}
 	return c, nil
 }
+
+// Links are the links that carry the routes to and from the server named
+// name, both ways.
+func (c *NATSCluster) Links(name string) []*Link {
+	var out []*Link
+	for i := range c.links {
+		for j, l := range c.links[i] {
+			if l != nil && (c.name(i) == name || c.name(j) == name) {
+				out = append(out, l)
+			}
+		}
+	}
+	return out
+}
+
+func (c *NATSCluster) name(i int) string { return fmt.Sprintf("n%d", i) }
 
 // URL lists every server's client URL, comma separated, as a client of
 // the cluster is given them.
@@ -488,9 +528,16 @@ func (c *NATSCluster) WaitReady(timeout time.Duration) error {
 	})
 }
 
-// Stop stops every server and removes their stores.
+// Stop stops every server and link and removes the stores.
 func (c *NATSCluster) Stop() {
 	for _, s := range c.Servers {
 		s.Stop()
+	}
+	for _, ls := range c.links {
+		for _, l := range ls {
+			if l != nil {
+				l.Close()
+			}
+		}
 	}
 }
