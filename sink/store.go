@@ -34,7 +34,8 @@ type Record struct {
 type Store interface {
 	// Load returns every record.
 	Load(ctx context.Context) ([]Record, error)
-	// Get returns the record of key, or an error wrapping ErrNotFound.
+	// Get returns the latest record of key (what the last successful Put
+	// wrote, never an older one), or an error wrapping ErrNotFound.
 	Get(ctx context.Context, key string) (Record, error)
 	// Put writes value under key if the record is still at revision (0:
 	// if there is no record) and returns the new revision; otherwise it

@@ -2,6 +2,7 @@ package natssink
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -36,6 +37,7 @@ var ErrBucketShape = errors.New("natssink: bucket cannot hold the records")
 type KV struct {
 	nc      *nats.Conn
 	kv      jetstream.KeyValue
+	bucket  string
 	timeout time.Duration
 }
 
@@ -84,7 +86,7 @@ func EnsureBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create b
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
 	}
-	return &KV{nc: nc, kv: kv, timeout: cfg.Timeout}, nil
+	return &KV{nc: nc, kv: kv, bucket: cfg.Name, timeout: cfg.Timeout}, nil
 }
 
 // PurgeDeleteMarkers removes the delete markers older than a minute that
@@ -150,15 +152,54 @@ func (s *KV) Watch(ctx context.Context, apply func(rec sink.Record, deleted bool
 	}
 }
 
-// Get implements sink.Store.
+// Get implements sink.Store. It asks the bucket's stream leader: a
+// direct get (what jetstream.KeyValue.Get sends when the bucket allows it,
+// as buckets do by default) may be answered by any replica, also one that
+// has not applied the latest write yet. The bridge reads a key after a
+// compare-and-set conflict, so it must see the write that won, not an
+// older one that makes its next write conflict again.
 func (s *KV) Get(ctx context.Context, key string) (sink.Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	e, err := s.kv.Get(ctx, key)
+	req, err := json.Marshal(map[string]string{"last_by_subj": "$KV." + s.bucket + "." + key})
+	if err != nil {
+		return sink.Record{}, err
+	}
+	reply, err := s.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+s.bucket, req)
 	if err != nil {
 		return sink.Record{}, s.classify("get "+key, err)
 	}
-	return sink.Record{Key: key, Value: e.Value(), Revision: e.Revision()}, nil
+	var resp struct {
+		Message *struct {
+			Sequence uint64 `json:"seq"`
+			Header   []byte `json:"hdrs"`
+			Data     []byte `json:"data"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(reply.Data, &resp); err != nil {
+		return sink.Record{}, fmt.Errorf("get %s: bad reply: %w", key, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return sink.Record{}, s.classify("get "+key, jetstream.ErrKeyNotFound)
+	case resp.Error != nil:
+		return sink.Record{}, s.classify("get "+key, resp.Error)
+	case resp.Message == nil:
+		return sink.Record{}, fmt.Errorf("get %s: reply without a message", key)
+	}
+	if len(resp.Message.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+		if err != nil {
+			return sink.Record{}, fmt.Errorf("get %s: bad headers: %w", key, err)
+		}
+		// A delete or purge marker, or a marker the server leaves when a
+		// key's time to live ends: the key has no value.
+		if h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != "" {
+			return sink.Record{}, s.classify("get "+key, jetstream.ErrKeyDeleted)
+		}
+	}
+	return sink.Record{Key: key, Value: resp.Message.Data, Revision: resp.Message.Sequence}, nil
 }
 
 // Put implements sink.Store: a create when revision is 0, else an update at

@@ -1,0 +1,94 @@
+package natssink_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/sink"
+	"github.com/student-bridge/student-bridge/sink/natssink"
+)
+
+// TestGetReadsItsOwnWrites: on a three-node cluster with the bucket at
+// three replicas and one follower's network slow (its replica applies each
+// write 50 ms after the other two have stored it and the leader has
+// acknowledged it), a record written through the leader and read at once
+// through that follower is the one written: Get asks the stream leader, not
+// the nearest replica (the direct get jetstream.KeyValue.Get sends, which
+// the follower may answer from its own, older copy: with it, the record
+// was still read after it was deleted). Deleted and missing keys are not
+// found.
+func TestGetReadsItsOwnWrites(t *testing.T) {
+	ctx := context.Background()
+	c, err := stack.StartNATSCluster(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	conns := map[string]*nats.Conn{}
+	for _, s := range c.Servers {
+		nc, err := nats.Connect(s.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		conns[s.Server.Name()] = nc
+	}
+	cfg := natssink.BucketConfig{Name: "RECORDS", Storage: "file", Replicas: 3}
+	if _, err := natssink.EnsureBucket(ctx, conns["n0"], cfg, true); err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(conns["n0"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, "KV_RECORDS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := stream.CachedInfo()
+	if !info.Config.AllowDirect || info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
+		t.Fatalf("want a bucket of three replicas that allows direct gets, or the test proves nothing: %+v", info.Config)
+	}
+	leader, follower := info.Cluster.Leader, info.Cluster.Replicas[0].Name
+	writer, err := natssink.EnsureBucket(ctx, conns[leader], cfg, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader, err := natssink.EnsureBucket(ctx, conns[follower], cfg, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range c.Links(follower) {
+		l.SetDelay(50 * time.Millisecond)
+	}
+	rev := uint64(0)
+	for n := range 20 {
+		value := fmt.Sprintf("v%d", n)
+		if rev, err = writer.Put(ctx, "k", []byte(value), rev); err != nil {
+			t.Fatalf("write %d: %v", n, err)
+		}
+		got, err := reader.Get(ctx, "k")
+		if err != nil {
+			t.Fatalf("read after write %d: %v", n, err)
+		}
+		if got.Revision != rev || string(got.Value) != value {
+			t.Fatalf("read through %s after write %d through %s: revision %d %q, written %d %q", follower, n, leader, got.Revision, got.Value, rev, value)
+		}
+	}
+	if _, err := reader.Get(ctx, "never"); !errors.Is(err, sink.ErrNotFound) {
+		t.Errorf("missing key: %v, want not found", err)
+	}
+	if err := writer.Delete(ctx, "k", rev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reader.Get(ctx, "k"); !errors.Is(err, sink.ErrNotFound) {
+		t.Errorf("deleted key: %v, want not found", err)
+	}
+}
