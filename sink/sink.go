@@ -20,6 +20,10 @@ var (
 	// ErrTooLarge: the encoded event exceeds the broker's maximum payload.
 	// Retrying the same event will not help.
 	ErrTooLarge = errors.New("sink: event too large")
+	// ErrUnavailable: the broker is reachable but cannot store the event
+	// now (a JetStream cluster electing a leader or without a quorum, or an
+	// earlier copy of the event still in flight); retry later.
+	ErrUnavailable = errors.New("sink: broker unavailable")
 	// ErrRejected: the broker refused the event (for example a full stream
 	// that discards new messages, or a permissions violation).
 	ErrRejected = errors.New("sink: rejected by broker")

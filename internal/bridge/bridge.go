@@ -69,7 +69,11 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 			nc.Close()
 		}
 	}()
-	pub, err := newPublisher(cfg, nc, layout)
+	// Publishes and record writes that fail for 3 ack timeouts in a row on
+	// a live connection move it to another server: the one it has is cut
+	// off from its cluster.
+	mover := natssink.NewMover(nc, 3*cfg.NATS.AckTimeout)
+	pub, err := newPublisher(cfg, nc, layout, mover)
 	if err != nil {
 		return err
 	}
@@ -92,7 +96,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	if err != nil {
 		return err
 	}
-	if err := mgr.Add(&recordLoader{nc: nc, cfg: cfg, selector: selector, mgr: mgr, r: r, log: log.WithName("records")}); err != nil {
+	if err := mgr.Add(&recordLoader{nc: nc, mover: mover, cfg: cfg, selector: selector, mgr: mgr, r: r, log: log.WithName("records")}); err != nil {
 		return err
 	}
 	if cfg.Shards.Count > 1 {
@@ -124,12 +128,13 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	return nil
 }
 
-func newPublisher(cfg *config.Config, nc *nats.Conn, layout natssink.SubjectLayout) (*natssink.Publisher, error) {
+func newPublisher(cfg *config.Config, nc *nats.Conn, layout natssink.SubjectLayout, mover *natssink.Mover) (*natssink.Publisher, error) {
 	pcfg := natssink.Config{
 		Mode:       natssink.Mode(cfg.NATS.Mode),
 		Encoding:   natssink.Encoding(cfg.NATS.Encoding),
 		Layout:     layout,
 		AckTimeout: cfg.NATS.AckTimeout,
+		Mover:      mover,
 	}
 	if pcfg.Mode == natssink.JetStream {
 		// An ack from another stream that happens to capture the subject

@@ -98,8 +98,9 @@ func (s *streamEnsurer) Start(ctx context.Context) error {
 // the records whose Students the cache does not have: deleted, or out of
 // scope, while no bridge ran.
 type recordLoader struct {
-	nc  *nats.Conn
-	cfg *config.Config
+	nc    *nats.Conn
+	mover *natssink.Mover
+	cfg   *config.Config
 	// selector is cfg.LabelSelector, parsed.
 	selector labels.Selector
 	mgr      manager.Manager
@@ -113,7 +114,7 @@ func (l *recordLoader) NeedLeaderElection() bool { return true }
 func (l *recordLoader) Start(ctx context.Context) error {
 	// The records load while the cache syncs: a restart waits for the
 	// longer of the two, not for both in turn.
-	bucket := natssink.BucketConfig{Name: l.cfg.State.Bucket, Storage: l.cfg.State.Storage, Replicas: l.cfg.State.Replicas, Timeout: l.cfg.NATS.AckTimeout}
+	bucket := natssink.BucketConfig{Name: l.cfg.State.Bucket, Storage: l.cfg.State.Storage, Replicas: l.cfg.State.Replicas, Timeout: l.cfg.NATS.AckTimeout, Mover: l.mover}
 	var store *natssink.KV
 	err := retry(ctx, l.log, "record store load", func(ctx context.Context) error {
 		if !l.nc.IsConnected() {

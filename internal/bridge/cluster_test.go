@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -14,13 +15,141 @@ import (
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
-// TestClusterStreamLeaderKilled: on a three-node JetStream cluster with the
-// stream and buckets at three replicas (as deploy/nats runs them), the
-// node that leads the stream is stopped while Students change, and started
-// again on its store: every Student's last event carries its current state,
-// every deleted one's last event is its deletion, and no event id is in
-// the stream twice.
-func TestClusterStreamLeaderKilled(t *testing.T) {
+// clusterFault is one fault of TestClusterFaults: inject strikes, reacted
+// says whether the cluster (or the bridge) has reacted to it yet, heal
+// undoes it.
+type clusterFault struct {
+	name string
+	// leadsConnected: the stream and the record bucket are led by the
+	// server the bridge is connected to (else by another one).
+	leadsConnected bool
+	// beforeHeal: everything is published before the fault heals.
+	beforeHeal bool
+	inject     func(t *testing.T, f *faulted) (heal func())
+	reacted    func(f *faulted) error
+}
+
+// faulted is the cluster a fault strikes and who led and was connected.
+type faulted struct {
+	c                 *stack.NATSCluster
+	stream, bridge    string // the stream's and the bridge connection's names
+	leader, connected string
+}
+
+// led says whether a server other than the one that led the stream when
+// the fault struck leads it now.
+func (f *faulted) led() error {
+	for _, s := range f.c.Servers {
+		if s.Server != nil && s.Server.Running() && s.Server.Name() != f.leader && s.Server.JetStreamIsStreamLeader("$G", f.stream) {
+			return nil
+		}
+	}
+	return fmt.Errorf("no new leader of %s yet", f.stream)
+}
+
+var clusterFaults = []clusterFault{
+	{
+		name:    "stream leader killed",
+		inject:  func(t *testing.T, f *faulted) func() { return kill(t, f.c, f.leader) },
+		reacted: (*faulted).led,
+	},
+	{
+		name:    "connected node killed",
+		inject:  func(t *testing.T, f *faulted) func() { return kill(t, f.c, f.connected) },
+		reacted: moved,
+	},
+	{
+		name:           "connected node, the stream's leader, cut off from the others",
+		leadsConnected: true,
+		inject: func(t *testing.T, f *faulted) func() {
+			links := f.c.Links(f.connected)
+			for _, l := range links {
+				l.Cut()
+			}
+			return func() {
+				for _, l := range links {
+					l.Heal()
+				}
+			}
+		},
+		// The majority elects a leader of its own; the bridge, whose
+		// publishes fail on the cut-off server, moves to one of the
+		// majority's and publishes everything before the partition heals.
+		beforeHeal: true,
+		reacted: func(f *faulted) error {
+			if err := f.led(); err != nil {
+				return err
+			}
+			return moved(f)
+		},
+	},
+	{
+		name: "whole cluster stopped",
+		inject: func(t *testing.T, f *faulted) func() {
+			var heals []func()
+			for _, s := range f.c.Servers {
+				heals = append(heals, kill(t, f.c, s.Server.Name()))
+			}
+			return func() {
+				for _, heal := range heals {
+					heal()
+				}
+			}
+		},
+		reacted: func(*faulted) error { return nil },
+	},
+}
+
+// moved says whether the bridge is connected to another server than the one
+// it was connected to when the fault struck.
+func moved(f *faulted) error {
+	if now := connectedTo(f.c, f.bridge); now == "" || now == f.connected {
+		return fmt.Errorf("the bridge is not connected to another server yet")
+	}
+	return nil
+}
+
+// kill stops the server named name as a crash would: its routes are cut
+// first, so that it cannot hand its leaderships over on the way down, and
+// its clients' connections end. Its store keeps what it synced, which with
+// sync_interval always is everything it acknowledged. kill returns the
+// restart on that store.
+func kill(t *testing.T, c *stack.NATSCluster, name string) func() {
+	t.Helper()
+	s, links := c.Server(name), c.Links(name)
+	if s == nil {
+		t.Fatalf("no server %s", name)
+	}
+	for _, l := range links {
+		l.Cut()
+	}
+	s.Shutdown()
+	return func() {
+		for _, l := range links {
+			l.Heal()
+		}
+		if err := s.Restart(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestClusterFaults: on a three-node JetStream cluster with the stream and
+// buckets at three replicas (as deploy/nats runs them, acknowledging only
+// what is on disk), each fault of clusterFaults strikes in the middle of 40
+// creates; 10 Students are updated and 5 deleted before it heals. Then
+// every Student's last event carries its current state, every deleted
+// one's last event is its deletion, no event id is in the stream twice and
+// each Student's events are in order. Servers stop with Shutdown: their
+// stores keep what they acknowledged, as a killed server's synced store
+// does.
+func TestClusterFaults(t *testing.T) {
+	for _, f := range clusterFaults {
+		t.Run(f.name, func(t *testing.T) { testClusterFault(t, f) })
+	}
+}
+
+func testClusterFault(t *testing.T, f clusterFault) {
 	ctx := context.Background()
 	cluster, err := stack.StartNATSCluster(3)
 	if err != nil {
@@ -30,8 +159,9 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 	ns := newNamespace(t)
 	cfg := testConfig(t, ns, "cluster")
 	cfg.NATS.URLs = cluster.URL()
+	cfg.NATS.Name = "bridge-" + ns
 	cfg.NATS.Stream.Replicas, cfg.State.Replicas = 3, 3
-	cfg.NATS.AckTimeout = 300 * time.Millisecond // publishes during the election fail and are retried
+	cfg.NATS.AckTimeout = 300 * time.Millisecond // publishes during an election fail and are retried
 	startBridge(t, cfg)
 	nc, err := nats.Connect(cluster.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
@@ -45,27 +175,40 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 		}
 	}
 	waitStream(t, nc, cfg.NATS.Stream.Name, 20)
-
-	js, err := jetstream.New(nc)
-	if err != nil {
+	fault := &faulted{c: cluster, stream: cfg.NATS.Stream.Name, bridge: cfg.NATS.Name, connected: connectedTo(cluster, cfg.NATS.Name)}
+	for _, s := range cluster.Servers {
+		if name := s.Server.Name(); (name == fault.connected) == f.leadsConnected {
+			fault.leader = name
+			break
+		}
+	}
+	lead(t, nc, cfg.NATS.Stream.Name, fault.leader)
+	lead(t, nc, "KV_"+cfg.State.Bucket, fault.leader)
+	// The stream is read through the server that neither leads nor has
+	// the bridge: the one a partition leaves in the majority.
+	var witness *stack.NATS
+	for _, s := range cluster.Servers {
+		if name := s.Server.Name(); name != fault.leader && name != fault.connected {
+			witness = s
+		}
+	}
+	if nc, err = nats.Connect(witness.URL()+","+cluster.URL(), nats.DontRandomize(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
-	s, err := js.Stream(ctx, cfg.NATS.Stream.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leader := s.CachedInfo().Cluster.Leader
-	node := cluster.Server(leader)
-	if node == nil {
-		t.Fatalf("stream leader %q is not one of the cluster's servers", leader)
-	}
+	t.Cleanup(nc.Close)
 	failed := publishErrors(t)
-	// The node stops in the middle of 40 creates, so that publishes are
-	// in flight; then, while the stream may still elect a new leader, 10
-	// Students are updated and 5 deleted.
+	// The fault strikes in the middle of 40 creates, so that publishes are
+	// in flight; the other half of them, 10 updates and 5 deletes are made
+	// once the cluster has reacted to it (a new leader, a reconnection).
+	var heal func()
+	var t0 time.Time
 	for i := 20; i < 60; i++ {
-		if i == 30 {
-			node.Shutdown()
+		switch i {
+		case 30:
+			t0 = time.Now()
+			heal = f.inject(t, fault)
+		case 45:
+			waitFor(t, f.name+": the reaction", func() error { return f.reacted(fault) })
 		}
 		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%02d", i), "wang", "china")); err != nil {
 			t.Fatal(err)
@@ -79,13 +222,57 @@ func TestClusterStreamLeaderKilled(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t0 := time.Now()
-	if err := node.Restart(); err != nil {
+	agrees := func() error { return streamAgrees(ctx, nc, cfg.NATS.Stream.Name, ns) }
+	if f.beforeHeal {
+		waitFor(t, "the stream telling the truth about every Student before the fault heals", agrees)
+	}
+	struck := time.Since(t0)
+	t1 := time.Now()
+	heal()
+	waitFor(t, "the stream telling the truth about every Student", agrees)
+	t.Logf("fault report: %s (stream leader %s, bridge connected to %s) for %s while 55 Students changed: lost 0, duplicates 0, out of order 0; everything published %s after it healed; publishes failed and retried meanwhile: %v",
+		f.name, fault.leader, fault.connected, struck.Round(100*time.Millisecond), time.Since(t1).Round(100*time.Millisecond), publishErrors(t)-failed)
+}
+
+// lead makes the server named name lead stream.
+func lead(t *testing.T, nc *nats.Conn, stream, name string) {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the stream telling the truth about every Student", func() error { return streamAgrees(ctx, nc, cfg.NATS.Stream.Name, ns) })
-	t.Logf("fault report: stream leader %s stopped while 55 Students changed, then restarted: everything published %s after the restart; publishes that failed and were retried meanwhile: %v",
-		leader, time.Since(t0).Round(100*time.Millisecond), publishErrors(t)-failed)
+	req := fmt.Sprintf(`{"placement":{"preferred":%q}}`, name)
+	waitFor(t, stream+" led by "+name, func() error {
+		s, err := js.Stream(context.Background(), stream)
+		if err != nil {
+			return err
+		}
+		if l := s.CachedInfo().Cluster.Leader; l != name {
+			_, err := nc.Request("$JS.API.STREAM.LEADER.STEPDOWN."+stream, []byte(req), time.Second)
+			return fmt.Errorf("led by %s (step down: %v)", l, err)
+		}
+		return nil
+	})
+}
+
+// connectedTo is the name of the server that the connection named name is
+// connected to, or "" if none.
+func connectedTo(c *stack.NATSCluster, name string) string {
+	for _, s := range c.Servers {
+		if s.Server == nil || !s.Server.Running() {
+			continue
+		}
+		conns, err := s.Server.Connz(&natsserver.ConnzOptions{})
+		if err != nil {
+			continue
+		}
+		for _, conn := range conns.Conns {
+			if conn.Name == name {
+				return s.Server.Name()
+			}
+		}
+	}
+	return ""
 }
 
 // publishErrors is how many publishes failed in this test binary so far.
@@ -96,15 +283,22 @@ func publishErrors(t *testing.T) float64 {
 
 // streamAgrees compares the stream with the API server: the last event of
 // every Student of ns carries its current spec, the last event of every
-// other name seen is deleted, and no id is there twice.
+// other name seen is deleted, no id is there twice, and no Student has an
+// event after its deletion or of an older generation than one before it.
 func streamAgrees(ctx context.Context, nc *nats.Conn, stream, ns string) error {
 	evs, err := stack.StreamEvents(ctx, nc, stream)
 	if err != nil {
 		return err
 	}
 	last := map[string]stack.Received{}
+	byUID := map[string]stack.Received{}
 	ids := map[string]int{}
 	for _, ev := range evs {
+		if prev, ok := byUID[ev.Data.Metadata.UID]; ok && (prev.Event.Type() == studentv1.EventTypeDeleted || prev.Data.Metadata.Generation > ev.Data.Metadata.Generation) {
+			return fmt.Errorf("%s: event %s (generation %d) at sequence %d follows %s (generation %d)", ev.Data.Metadata.Name,
+				ev.Event.Type(), ev.Data.Metadata.Generation, ev.Sequence, prev.Event.Type(), prev.Data.Metadata.Generation)
+		}
+		byUID[ev.Data.Metadata.UID] = ev
 		last[ev.Data.Metadata.Name] = ev
 		ids[ev.Event.ID()]++
 	}

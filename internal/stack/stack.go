@@ -458,10 +458,12 @@ func StartNATSCluster(n int) (*NATSCluster, error) {
 		}
 		srv, err := StartNATS(NATSOptions{Configure: func(o *natsserver.Options) {
 			o.ServerName = fmt.Sprintf("n%d", i)
-			// NoAdvertise: servers reach each other only through the
-			// links, never at the addresses they would gossip.
-			o.Cluster = natsserver.ClusterOpts{Name: "student-bridge-local", Host: "127.0.0.1", Port: ports[i], NoAdvertise: true}
+			// Servers gossip a route address nobody listens on, so that
+			// they reach each other only through the links.
+			o.Cluster = natsserver.ClusterOpts{Name: "student-bridge-local", Host: "127.0.0.1", Port: ports[i], Advertise: "127.0.0.1:1"}
 			o.Routes = routes
+			// As deploy/nats runs them: acknowledge only what is on disk.
+			o.SyncAlways = true
 		}})
 		if err != nil {
 			c.Stop()

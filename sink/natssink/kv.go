@@ -26,6 +26,8 @@ type BucketConfig struct {
 	// Timeout bounds one read or write when the caller's context has no
 	// earlier deadline. Default 5s.
 	Timeout time.Duration
+	// Mover, if set, is told how each read and write went.
+	Mover *Mover
 }
 
 // ErrBucketShape: the bucket exists but cannot serve as the record store
@@ -39,6 +41,7 @@ type KV struct {
 	kv      jetstream.KeyValue
 	bucket  string
 	timeout time.Duration
+	mover   *Mover
 }
 
 var _ sink.Store = (*KV)(nil)
@@ -86,7 +89,7 @@ func EnsureBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create b
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
 	}
-	return &KV{nc: nc, kv: kv, bucket: cfg.Name, timeout: cfg.Timeout}, nil
+	return &KV{nc: nc, kv: kv, bucket: cfg.Name, timeout: cfg.Timeout, mover: cfg.Mover}, nil
 }
 
 // PurgeDeleteMarkers removes the delete markers older than a minute that
@@ -159,6 +162,16 @@ func (s *KV) Watch(ctx context.Context, apply func(rec sink.Record, deleted bool
 // compare-and-set conflict, so it must see the write that won, not an
 // older one that makes its next write conflict again.
 func (s *KV) Get(ctx context.Context, key string) (sink.Record, error) {
+	rec, err := s.get(ctx, key)
+	if err != nil && !errors.Is(err, sink.ErrNotFound) {
+		return rec, s.mover.Observe(err)
+	}
+	// An answer is no sign of a working cluster: a leader cut off from
+	// its quorum still answers reads until it steps down.
+	return rec, err
+}
+
+func (s *KV) get(ctx context.Context, key string) (sink.Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	req, err := json.Marshal(map[string]string{"last_by_subj": "$KV." + s.bucket + "." + key})
@@ -215,8 +228,9 @@ func (s *KV) Put(ctx context.Context, key string, value []byte, revision uint64)
 		rev, err = s.kv.Update(ctx, key, value, revision)
 	}
 	if err != nil {
-		return 0, s.classify("put "+key, err)
+		return 0, s.mover.Observe(s.classify("put "+key, err))
 	}
+	_ = s.mover.Observe(nil)
 	return rev, nil
 }
 
@@ -225,8 +239,9 @@ func (s *KV) Delete(ctx context.Context, key string, revision uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	if err := s.kv.Delete(ctx, key, jetstream.LastRevision(revision)); err != nil {
-		return s.classify("delete "+key, err)
+		return s.mover.Observe(s.classify("delete "+key, err))
 	}
+	_ = s.mover.Observe(nil)
 	return nil
 }
 

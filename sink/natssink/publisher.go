@@ -42,6 +42,8 @@ type Config struct {
 	// AckTimeout bounds one publish, including the wait for the ack, when
 	// the caller's context has no earlier deadline. Default 5s.
 	AckTimeout time.Duration
+	// Mover, if set, is told how each publish went.
+	Mover *Mover
 }
 
 // Publisher is a sink.Sink on a NATS connection it does not own: closing the
@@ -123,8 +125,9 @@ func (p *Publisher) Publish(ctx context.Context, event cloudevents.Event) (sink.
 	}
 	ack, err := p.js.PublishMsg(ctx, msg, opts...)
 	if err != nil {
-		return sink.Receipt{}, p.classify(subject, err)
+		return sink.Receipt{}, p.cfg.Mover.Observe(p.classify(subject, err))
 	}
+	_ = p.cfg.Mover.Observe(nil)
 	return sink.Receipt{Subject: subject, Stream: ack.Stream, Sequence: ack.Sequence, Duplicate: ack.Duplicate}, nil
 }
 
@@ -138,18 +141,24 @@ func (p *Publisher) connected() error {
 	return nil
 }
 
+// errCodeMsgIDInProcess: a clustered stream has an earlier copy of the
+// event (same Nats-Msg-Id) in flight, not yet stored or refused.
+const errCodeMsgIDInProcess jetstream.ErrorCode = 10158
+
 // classify wraps err with the sink sentinel that says what the caller can do.
 func (p *Publisher) classify(subject string, err error) error {
 	var apiErr *jetstream.APIError
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload):
 		return fmt.Errorf("%w: publish %s: %w", sink.ErrTooLarge, subject, err)
+	case errors.As(err, &apiErr) && (apiErr.Code == 503 || apiErr.ErrorCode == errCodeMsgIDInProcess):
+		return fmt.Errorf("%w: publish %s: %w", sink.ErrUnavailable, subject, err)
 	case errors.As(err, &apiErr):
 		return fmt.Errorf("%w: publish %s: %w", sink.ErrRejected, subject, err)
 	case errors.Is(err, nats.ErrConnectionClosed):
 		return fmt.Errorf("%w: publish %s: %w", sink.ErrClosed, subject, err)
 	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
-		return fmt.Errorf("%w: publish %s: no stream captures the subject: %w", sink.ErrRejected, subject, err)
+		return fmt.Errorf("%w: publish %s: no stream answered (none captures the subject, or its leader is out of reach): %w", sink.ErrRejected, subject, err)
 	case !p.nc.IsConnected(), errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, nats.ErrConnectionReconnecting):
 		return fmt.Errorf("%w: publish %s: %w", sink.ErrNotConnected, subject, err)
 	}
