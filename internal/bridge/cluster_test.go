@@ -109,26 +109,16 @@ func moved(f *faulted) error {
 	return nil
 }
 
-// kill stops the server named name as a crash would: its routes are cut
-// first, so that it cannot hand its leaderships over on the way down, and
-// its clients' connections end. Its store keeps what it synced, which with
-// sync_interval always is everything it acknowledged. kill returns the
-// restart on that store.
+// kill stops the server named name as a crash would (NATSCluster.Kill)
+// and returns its restart.
 func kill(t *testing.T, c *stack.NATSCluster, name string) func() {
 	t.Helper()
-	s, links := c.Server(name), c.Links(name)
-	if s == nil {
-		t.Fatalf("no server %s", name)
+	restart, err := c.Kill(name)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, l := range links {
-		l.Cut()
-	}
-	s.Shutdown()
 	return func() {
-		for _, l := range links {
-			l.Heal()
-		}
-		if err := s.Restart(); err != nil {
+		if err := restart(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -151,7 +141,7 @@ func TestClusterFaults(t *testing.T) {
 
 func testClusterFault(t *testing.T, f clusterFault) {
 	ctx := context.Background()
-	cluster, err := stack.StartNATSCluster(3)
+	cluster, err := stack.StartNATSCluster(3, stack.NATSClusterOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

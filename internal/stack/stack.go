@@ -47,6 +47,10 @@ type Options struct {
 	EtcdDataDir string
 	// NATS configures the embedded NATS server.
 	NATS NATSOptions
+	// NATSCluster, if 2 or more, runs that many NATS servers in one
+	// JetStream cluster instead of one server (NATS.Port is the first
+	// one's client port, NATS.StoreDir holds their stores).
+	NATSCluster int
 	// FinalizerPolicy installs deploy/admission (the finalizer is added to
 	// Students as they are created), as the default deployment does.
 	FinalizerPolicy bool
@@ -58,9 +62,21 @@ type Stack struct {
 	RestConfig *rest.Config
 	// Client is an admin client that knows the Student type.
 	Client client.Client
-	NATS   *NATS
+	// NATS is the NATS server, or a cluster's first server.
+	NATS *NATS
+	// Cluster is the NATS cluster (Options.NATSCluster), or nil.
+	Cluster *NATSCluster
 
 	certDir string
+}
+
+// NATSURL is what a client of the stack's NATS is given: the server's URL,
+// or every server's of the cluster.
+func (s *Stack) NATSURL() string {
+	if s.Cluster != nil {
+		return s.Cluster.URL()
+	}
+	return s.NATS.URL()
 }
 
 // KillAPIServer kills kube-apiserver (SIGKILL: a crash, and no waiting for
@@ -171,7 +187,14 @@ func Start(opts Options) (*Stack, error) {
 			return nil, err
 		}
 	}
-	s.NATS, err = StartNATS(opts.NATS)
+	if opts.NATSCluster >= 2 {
+		s.Cluster, err = StartNATSCluster(opts.NATSCluster, NATSClusterOptions{Port: opts.NATS.Port, StoreDir: opts.NATS.StoreDir})
+		if err == nil {
+			s.NATS = s.Cluster.Servers[0]
+		}
+	} else {
+		s.NATS, err = StartNATS(opts.NATS)
+	}
 	if err != nil {
 		_ = s.Stop()
 		return nil, err
@@ -234,7 +257,10 @@ func InstallFinalizerPolicy(c client.Client, namespaceLabels map[string]string) 
 // Stop stops NATS and the control plane.
 func (s *Stack) Stop() error {
 	var errs []error
-	if s.NATS != nil {
+	switch {
+	case s.Cluster != nil:
+		s.Cluster.Stop()
+	case s.NATS != nil:
 		s.NATS.Stop()
 	}
 	if s.Env != nil {
@@ -422,9 +448,19 @@ type NATSCluster struct {
 	links [][]*Link
 }
 
+// NATSClusterOptions configure StartNATSCluster.
+type NATSClusterOptions struct {
+	// Port is the first server's client port, the others' the ones after
+	// it; 0 picks free ports.
+	Port int
+	// StoreDir holds each server's store in a directory of its name (n0,
+	// n1, ...), kept on Stop; default temporary stores, removed on Stop.
+	StoreDir string
+}
+
 // StartNATSCluster starts n servers named n0, n1, ... in one cluster and
 // returns once JetStream has a meta leader.
-func StartNATSCluster(n int) (*NATSCluster, error) {
+func StartNATSCluster(n int, o NATSClusterOptions) (*NATSCluster, error) {
 	ports := make([]int, n)
 	for i := range n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -456,15 +492,23 @@ func StartNATSCluster(n int) (*NATSCluster, error) {
 				routes = append(routes, &url.URL{Scheme: "nats", Host: c.links[i][j].Addr()})
 			}
 		}
-		srv, err := StartNATS(NATSOptions{Configure: func(o *natsserver.Options) {
-			o.ServerName = fmt.Sprintf("n%d", i)
+		so := NATSOptions{}
+		if o.Port != 0 {
+			so.Port = o.Port + i
+		}
+		if o.StoreDir != "" {
+			so.StoreDir = filepath.Join(o.StoreDir, c.name(i))
+		}
+		so.Configure = func(o *natsserver.Options) {
+			o.ServerName = c.name(i)
 			// Servers gossip a route address nobody listens on, so that
 			// they reach each other only through the links.
 			o.Cluster = natsserver.ClusterOpts{Name: "student-bridge-local", Host: "127.0.0.1", Port: ports[i], Advertise: "127.0.0.1:1"}
 			o.Routes = routes
 			// As deploy/nats runs them: acknowledge only what is on disk.
 			o.SyncAlways = true
-		}})
+		}
+		srv, err := StartNATS(so)
 		if err != nil {
 			c.Stop()
 			return nil, err
@@ -490,6 +534,28 @@ func (c *NATSCluster) Links(name string) []*Link {
 		}
 	}
 	return out
+}
+
+// Kill stops the server named name as a crash would: its routes are cut
+// first, so that it cannot hand its leaderships over on the way down, and
+// its clients' connections end. Its store keeps what it synced, which with
+// sync_interval always is everything it acknowledged. Kill returns the
+// restart on that store.
+func (c *NATSCluster) Kill(name string) (restart func() error, err error) {
+	s, links := c.Server(name), c.Links(name)
+	if s == nil {
+		return nil, fmt.Errorf("no NATS server %s running", name)
+	}
+	for _, l := range links {
+		l.Cut()
+	}
+	s.Shutdown()
+	return func() error {
+		for _, l := range links {
+			l.Heal()
+		}
+		return s.Restart()
+	}, nil
 }
 
 func (c *NATSCluster) name(i int) string { return fmt.Sprintf("n%d", i) }

@@ -26,7 +26,7 @@ import (
 // found.
 func TestGetReadsItsOwnWrites(t *testing.T) {
 	ctx := context.Background()
-	c, err := stack.StartNATSCluster(3)
+	c, err := stack.StartNATSCluster(3, stack.NATSClusterOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
