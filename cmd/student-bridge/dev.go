@@ -20,16 +20,18 @@ import (
 
 func newDevCommand(setupLog logSetup, configFile *string) *cobra.Command {
 	var (
-		dir      string
-		assets   string
-		natsPort int
+		dir         string
+		assets      string
+		natsPort    int
+		natsCluster int
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run the bridge on a local stack: kube-apiserver + etcd + embedded NATS with JetStream",
 		Long: `dev starts a real kube-apiserver and etcd (the binaries make builds into bin/)
 with the Student CRD installed, an embedded NATS server with JetStream on a fixed
-port, and the bridge against both. State lives under --dir and survives restarts:
+port (or, with --nats-cluster 3, a three-server JetStream cluster on that port
+and the next two), and the bridge against both. State lives under --dir and survives restarts:
 the next run resumes with the same Students and stream. A kubeconfig is written to
 <dir>/kubeconfig. Ctrl+C stops everything.
 
@@ -39,7 +41,8 @@ All flags of the bridge itself apply; nats.urls and leader election are set by d
 	}
 	cmd.Flags().StringVar(&dir, "dir", ".dev", "Directory for the local stack's state and kubeconfig.")
 	cmd.Flags().StringVar(&assets, "assets", "", "Directory with kube-apiserver, etcd and kubectl (default $KUBEBUILDER_ASSETS, else ./bin).")
-	cmd.Flags().IntVar(&natsPort, "nats-port", 4222, "Port of the embedded NATS server.")
+	cmd.Flags().IntVar(&natsPort, "nats-port", 4222, "Port of the embedded NATS server (with --nats-cluster, the first server's; the others take the next ports).")
+	cmd.Flags().IntVar(&natsCluster, "nats-cluster", 1, "NATS servers to run: 3 runs a JetStream cluster as deploy/nats does, the stream and the buckets at 3 replicas.")
 	loader := config.New(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		setupLog(true)
@@ -54,8 +57,12 @@ All flags of the bridge itself apply; nats.urls and leader election are set by d
 		if err != nil {
 			return err
 		}
+		if natsCluster < 1 || natsCluster > 5 {
+			return fmt.Errorf("--nats-cluster: %d servers; 1 to 5 are possible", natsCluster)
+		}
 		start := time.Now()
 		st, err := stack.Start(stack.Options{
+			NATSCluster: natsCluster,
 			AssetsDir:   assets,
 			EtcdDataDir: filepath.Join(abs, "etcd"),
 			NATS:        stack.NATSOptions{Port: natsPort, StoreDir: filepath.Join(abs, "nats")},
@@ -81,10 +88,13 @@ All flags of the bridge itself apply; nats.urls and leader election are set by d
 		if err := writeKubeconfig(st.Env, kubeconfig); err != nil {
 			return err
 		}
-		cfg.NATS.URLs = st.NATS.URL()
+		cfg.NATS.URLs = st.NATSURL()
 		cfg.LeaderElection.Enabled = false
+		if natsCluster > 1 {
+			cfg.NATS.Stream.Replicas, cfg.State.Replicas = min(natsCluster, 3), min(natsCluster, 3)
+		}
 
-		printBanner(cmd, kubeconfig, st.NATS.URL(), time.Since(start))
+		printBanner(cmd, kubeconfig, st.NATSURL(), time.Since(start))
 		ctx, cancel := signalContext(stop)
 		defer cancel()
 		return bridge.Run(ctrl.LoggerInto(ctx, ctrl.Log), cfg, st.RestConfig)

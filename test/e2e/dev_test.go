@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stack"
@@ -104,4 +105,43 @@ func waitEvents(t *testing.T, nc *nats.Conn, want int) []stack.Received {
 		t.Fatal(err)
 	}
 	return got
+}
+
+// TestDevNATSCluster: `student-bridge dev --nats-cluster 3` runs three NATS
+// servers on the port given and the next two, in one JetStream cluster;
+// the stream and the record store are at three replicas, and a Student
+// created with kubectl is published.
+func TestDevNATSCluster(t *testing.T) {
+	dir := t.TempDir()
+	natsPort := freePort(t)
+	p := start(t, dir, "dev", "--dir", dir, "--nats-port", fmt.Sprint(natsPort), "--nats-cluster", "3",
+		"--metrics-bind-address", "0", "--health-probe-bind-address", "0")
+	p.waitOutput(t, "local stack is up", 90*time.Second)
+	p.waitOutput(t, "stream ready", 30*time.Second)
+	// Through the third server: the cluster serves JetStream from each.
+	nc, err := nats.Connect(fmt.Sprintf("nats://127.0.0.1:%d", natsPort+2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	kubectl(t, filepath.Join(dir, "kubeconfig"), "create", "-f", "configs/samples/student-instance.yaml")
+	if got := waitEvents(t, nc, 1); got[0].Event.Type() != studentv1.EventTypeCreated {
+		t.Fatalf("first event %s", got[0].Event.Type())
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"STUDENTS", "KV_STUDENT_BRIDGE_PUBLISHED"} {
+		s, err := js.Stream(context.Background(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info := s.CachedInfo(); info.Config.Replicas != 3 || info.Cluster == nil || len(info.Cluster.Replicas) != 2 {
+			t.Errorf("%s: %d replicas configured, cluster %+v; want 3", name, info.Config.Replicas, info.Cluster)
+		}
+	}
+	if err := p.stop(t, syscall.SIGINT); err != nil {
+		t.Fatalf("dev exited with %v after SIGINT\n%s", err, p.output())
+	}
 }

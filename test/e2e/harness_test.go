@@ -64,7 +64,7 @@ func newWorldWith(t *testing.T, opts stack.Options) *world {
 			t.Error(err)
 		}
 	})
-	nc, err := nats.Connect(st.NATS.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	nc, err := nats.Connect(st.NATSURL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,9 +93,12 @@ func (w *world) kubeconfig(t *testing.T, u envtest.User) string {
 
 // bridgeArgs are the flags of a bridge process in this world.
 func (w *world) bridgeArgs(kubeconfig string, extra ...string) []string {
+	if w.st.Cluster != nil {
+		extra = append([]string{"--stream-replicas=3", "--state-replicas=3"}, extra...)
+	}
 	return append([]string{
 		"--kubeconfig", kubeconfig,
-		"--nats-url", w.st.NATS.URL(),
+		"--nats-url", w.st.NATSURL(),
 		"--leader-elect=false",
 		"--metrics-bind-address", "0",
 		"--health-probe-bind-address", "0",
