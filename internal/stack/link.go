@@ -7,8 +7,9 @@ import (
 	"time"
 )
 
-// Link is a TCP proxy that carries the route from one server of a NATS
-// cluster to another. It can delay what it carries, as a slow network
+// Link is a TCP proxy that carries connections to one address (the route
+// from one NATS server of a cluster to another, a client's connection to
+// the kube-apiserver). It can delay what it carries, as a slow network
 // does, or cut it, as a partition does: a cut closes the connections it
 // carries and refuses new ones until Heal.
 type Link struct {
@@ -21,7 +22,8 @@ type Link struct {
 	conns map[net.Conn]struct{}
 }
 
-func newLink(target string) (*Link, error) {
+// NewLink starts a link that carries connections to target (host:port).
+func NewLink(target string) (*Link, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err

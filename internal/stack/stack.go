@@ -51,6 +51,9 @@ type Options struct {
 	// JetStream cluster instead of one server (NATS.Port is the first
 	// one's client port, NATS.StoreDir holds their stores).
 	NATSCluster int
+	// APIServerFlags are extra kube-apiserver flags (name without dashes:
+	// value), e.g. to turn the watch cache off.
+	APIServerFlags map[string]string
 	// FinalizerPolicy installs deploy/admission (the finalizer is added to
 	// Students as they are created), as the default deployment does.
 	FinalizerPolicy bool
@@ -169,6 +172,9 @@ func Start(opts Options) (*Stack, error) {
 		return nil, err
 	}
 	env.ControlPlane.APIServer = &envtest.APIServer{CertDir: certDir}
+	for name, value := range opts.APIServerFlags {
+		env.ControlPlane.APIServer.Configure().Set(name, value)
+	}
 	s := &Stack{Env: env, certDir: certDir}
 	cfg, err := env.Start()
 	if err != nil {
@@ -477,7 +483,7 @@ func StartNATSCluster(n int, o NATSClusterOptions) (*NATSCluster, error) {
 			if i == j {
 				continue
 			}
-			l, err := newLink(fmt.Sprintf("127.0.0.1:%d", ports[j]))
+			l, err := NewLink(fmt.Sprintf("127.0.0.1:%d", ports[j]))
 			if err != nil {
 				c.Stop()
 				return nil, err
