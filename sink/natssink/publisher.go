@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
@@ -141,9 +142,12 @@ func (p *Publisher) connected() error {
 	return nil
 }
 
-// errCodeMsgIDInProcess: a clustered stream has an earlier copy of the
-// event (same Nats-Msg-Id) in flight, not yet stored or refused.
-const errCodeMsgIDInProcess jetstream.ErrorCode = 10158
+// errCodesUnavailable are the JetStream errors of a cluster that cannot
+// store now but may in a moment: JetStream temporarily unavailable (no
+// meta leader), a stream's expected sequences temporarily unavailable, and
+// an earlier copy of the event (same Nats-Msg-Id) in flight, not yet
+// stored or refused.
+var errCodesUnavailable = []jetstream.ErrorCode{10008, 10163, 10158}
 
 // classify wraps err with the sink sentinel that says what the caller can do.
 func (p *Publisher) classify(subject string, err error) error {
@@ -151,7 +155,7 @@ func (p *Publisher) classify(subject string, err error) error {
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload):
 		return fmt.Errorf("%w: publish %s: %w", sink.ErrTooLarge, subject, err)
-	case errors.As(err, &apiErr) && (apiErr.Code == 503 || apiErr.ErrorCode == errCodeMsgIDInProcess):
+	case errors.As(err, &apiErr) && slices.Contains(errCodesUnavailable, apiErr.ErrorCode):
 		return fmt.Errorf("%w: publish %s: %w", sink.ErrUnavailable, subject, err)
 	case errors.As(err, &apiErr):
 		return fmt.Errorf("%w: publish %s: %w", sink.ErrRejected, subject, err)
