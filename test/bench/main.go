@@ -55,7 +55,7 @@ func selected(name, only string) bool {
 		return true
 	}
 	for _, part := range strings.Split(only, ",") {
-		if part != "" && strings.Contains(name, part) {
+		if exact, ok := strings.CutPrefix(part, "="); ok && name == exact || !ok && part != "" && strings.Contains(name, part) {
 			return true
 		}
 	}
@@ -93,7 +93,7 @@ func main() {
 	flag.IntVar(&o.reps, "reps", 3, "Repetitions of every (variant, rate); the table shows the median and the min-max.")
 	flag.StringVar(&students, "students", "1000,10000", "Student counts for the memory and restart measurements; empty skips them.")
 	flag.StringVar(&o.out, "out", "bench-results/results.md", "Results file (markdown).")
-	flag.StringVar(&o.only, "only", "", "Run only variants whose name contains this (or one of these, comma separated).")
+	flag.StringVar(&o.only, "only", "", "Run only variants whose name contains this (or one of these, comma separated; =name: that name exactly).")
 	flag.DurationVar(&o.idle, "idle", 30*time.Second, "How long the API writes at rest are counted per shape; 0 skips them.")
 	flag.BoolVar(&o.bisect, "bisect", true, "Narrow each variant's highest sustained rate to within 10% by bisection between the grid's rates.")
 	flag.DurationVar(&settleQuiet, "settle", 2*time.Second, "A run has settled when no event arrived for this long.")
@@ -143,9 +143,16 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 		return err
 	}
 	defer synced.close()
-	e := &env{st: st, url: st.NATS.URL(), nc: nc, js: js, synced: synced.env, bins: &binaries{}}
+	cluster, err := clusterNATS()
+	if err != nil {
+		return err
+	}
+	defer cluster.close()
+	e := &env{st: st, url: st.NATS.URL(), nc: nc, js: js, replicas: 1, synced: synced.env, cluster: cluster.env, bins: &binaries{}}
 	defer e.bins.cleanup()
-	synced.env.st, synced.env.bins = st, e.bins
+	for _, o := range []*env{synced.env, cluster.env} {
+		o.st, o.bins = st, e.bins
+	}
 	// The finalizer policy of deploy/default, bound to the bridge's
 	// namespaces only: in the others no bridge would ever remove it.
 	if err := stack.InstallFinalizerPolicy(st.Client, policyLabels); err != nil {

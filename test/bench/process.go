@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -94,7 +95,8 @@ func startProcesses(ctx context.Context, e *env, r *run, n int) (func(), error) 
 	}
 	args := []string{"--kubeconfig", b.config, "--nats-url", e.url, "--cluster", "bench", "--namespaces", r.ns,
 		"--stream-name", r.stream, "--state-bucket", r.stream + "_RECORDS", "--receipts-bucket", r.stream + "_RECEIPTS",
-		"--subject-prefix", r.prefix, "--snapshot-request-subject", ""}
+		"--subject-prefix", r.prefix, "--snapshot-request-subject", "",
+		"--stream-replicas", strconv.Itoa(e.replicas), "--state-replicas", strconv.Itoa(e.replicas)}
 	if n > 1 {
 		args = append(args, "--shards", "16", "--leader-election-id", "bench-"+r.id, "--leader-election-namespace", r.ns,
 			"--leader-election-lease-duration", "3s", "--leader-election-renew-deadline", "2s", "--leader-election-retry-period", "500ms")

@@ -51,24 +51,33 @@ type variant struct {
 	// syncAlways runs it on a NATS server with sync_interval: always, as
 	// the shipped NATS is configured.
 	syncAlways bool
-	start      func(ctx context.Context, e *env, run *run) (stop func(), err error)
+	// cluster runs it on a three-node JetStream cluster (syncing always),
+	// the stream and buckets at three replicas, as deploy/nats does.
+	cluster bool
+	start   func(ctx context.Context, e *env, run *run) (stop func(), err error)
 }
 
 type env struct {
 	st *stack.Stack
-	// url, nc and js are the NATS server of the variant: the stack's, or
-	// the one that syncs every write to disk before its ack (synced).
-	url    string
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	synced *env
-	bins   *binaries
+	// url, nc and js are the NATS of the variant: the stack's server, the
+	// one that syncs every write to disk before its ack (synced), or the
+	// cluster; replicas is what its streams and buckets get.
+	url      string
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	replicas int
+	synced   *env
+	cluster  *env
+	bins     *binaries
 }
 
 // forVariant is the environment v runs in.
 func (e *env) forVariant(v variant) *env {
-	if v.syncAlways {
+	switch {
+	case v.syncAlways:
 		return e.synced
+	case v.cluster:
+		return e.cluster
 	}
 	return e
 }
@@ -119,6 +128,9 @@ var variants = []variant{
 	{name: "student-bridge (3 replicas, 16 shards)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startReplicas(ctx, e, r, 3) }},
 	{name: "student-bridge (process)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startProcesses(ctx, e, r, 1) }},
 	{name: "student-bridge (3 processes, 16 shards)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startProcesses(ctx, e, r, 3) }},
+	{name: "raw-informer (process, NATS cluster)", k8s: true, cluster: true, start: startRawInformerProcess},
+	{name: "student-bridge (process, NATS cluster)", k8s: true, bridge: true, policy: true, cluster: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startProcesses(ctx, e, r, 1) }},
+	{name: "student-bridge (3 processes, 16 shards, NATS cluster)", k8s: true, bridge: true, policy: true, cluster: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startProcesses(ctx, e, r, 3) }},
 }
 
 // startReplicas runs n active-active bridges (16 shards) in this process,
@@ -233,7 +245,7 @@ func subscribe(ctx context.Context, e *env, r *run) (func(), error) {
 }
 
 func ensureStream(ctx context.Context, e *env, r *run) error {
-	_, err := natssink.EnsureStream(ctx, e.js, natssink.StreamConfig{Name: r.stream, Subject: r.prefix + ".>", Storage: "file", Replicas: 1, Duplicates: 2 * time.Minute}, true)
+	_, err := natssink.EnsureStream(ctx, e.js, natssink.StreamConfig{Name: r.stream, Subject: r.prefix + ".>", Storage: "file", Replicas: e.replicas, Duplicates: 2 * time.Minute}, true)
 	return err
 }
 
@@ -353,6 +365,7 @@ func runBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinalize
 	cfg.Cluster = "bench"
 	cfg.Namespaces = []string{r.ns}
 	cfg.NATS.URLs = e.url
+	cfg.NATS.Stream.Replicas, cfg.State.Replicas = e.replicas, e.replicas
 	cfg.NATS.SubjectPrefix = r.prefix
 	cfg.NATS.Stream.Name = r.stream
 	cfg.State.Bucket = r.stream + "_RECORDS"
@@ -523,36 +536,51 @@ func newNamespace(ctx context.Context, e *env, name string, withPolicy bool) err
 	return e.st.Client.Create(ctx, ns)
 }
 
-// synced is a second embedded NATS server, with file storage synced to
-// disk before every ack (sync_interval: always, as deploy/nats and the
-// NATS chart values set it), for the variants that measure what that
-// costs.
-type synced struct {
+// otherNATS is a NATS of the variants that do not run on the stack's
+// server: one with file storage synced to disk before every ack
+// (sync_interval: always, as deploy/nats and the NATS chart values set
+// it), for the variants that measure what that costs, or a three-node
+// cluster as deploy/nats runs.
+type otherNATS struct {
 	env  *env
-	srv  *stack.NATS
+	stop func()
 	conn *nats.Conn
 }
 
-func syncedNATS() (*synced, error) {
+// syncedNATS is a server that syncs always.
+func syncedNATS() (*otherNATS, error) {
 	srv, err := stack.StartNATS(stack.NATSOptions{Configure: func(o *natsserver.Options) { o.SyncAlways = true }})
 	if err != nil {
 		return nil, err
 	}
-	nc, err := nats.Connect(srv.URL())
+	return connectNATS(srv.URL(), 1, srv.Stop)
+}
+
+// clusterNATS is a three-node cluster (which syncs always).
+func clusterNATS() (*otherNATS, error) {
+	c, err := stack.StartNATSCluster(3, stack.NATSClusterOptions{})
 	if err != nil {
-		srv.Stop()
+		return nil, err
+	}
+	return connectNATS(c.URL(), 3, c.Stop)
+}
+
+func connectNATS(url string, replicas int, stop func()) (*otherNATS, error) {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		stop()
 		return nil, err
 	}
 	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
 	if err != nil {
 		nc.Close()
-		srv.Stop()
+		stop()
 		return nil, err
 	}
-	return &synced{env: &env{url: srv.URL(), nc: nc, js: js}, srv: srv, conn: nc}, nil
+	return &otherNATS{env: &env{url: url, nc: nc, js: js, replicas: replicas}, stop: stop, conn: nc}, nil
 }
 
-func (s *synced) close() {
+func (s *otherNATS) close() {
 	s.conn.Close()
-	s.srv.Stop()
+	s.stop()
 }
