@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
@@ -25,8 +26,10 @@ type clusterFault struct {
 	leadsConnected bool
 	// beforeHeal: everything is published before the fault heals.
 	beforeHeal bool
-	inject     func(t *testing.T, f *faulted) (heal func())
-	reacted    func(f *faulted) error
+	// unheld: deletes are not held by the finalizer.
+	unheld  bool
+	inject  func(t *testing.T, f *faulted) (heal func())
+	reacted func(f *faulted) error
 }
 
 // faulted is the cluster a fault strikes and who led and was connected.
@@ -50,6 +53,12 @@ func (f *faulted) led() error {
 var clusterFaults = []clusterFault{
 	{
 		name:    "stream leader killed",
+		inject:  func(t *testing.T, f *faulted) func() { return kill(t, f.c, f.leader) },
+		reacted: (*faulted).led,
+	},
+	{
+		name:    "stream leader killed, deletes not held by the finalizer",
+		unheld:  true,
 		inject:  func(t *testing.T, f *faulted) func() { return kill(t, f.c, f.leader) },
 		reacted: (*faulted).led,
 	},
@@ -150,6 +159,7 @@ func testClusterFault(t *testing.T, f clusterFault) {
 	cfg := testConfig(t, ns, "cluster")
 	cfg.NATS.URLs = cluster.URL()
 	cfg.NATS.Name = "bridge-" + ns
+	cfg.Deletes.HoldWithFinalizer = !f.unheld
 	cfg.NATS.Stream.Replicas, cfg.State.Replicas = 3, 3
 	cfg.NATS.AckTimeout = 300 * time.Millisecond // publishes during an election fail and are retried
 	startBridge(t, cfg)
@@ -222,6 +232,25 @@ func testClusterFault(t *testing.T, f clusterFault) {
 	waitFor(t, "the stream telling the truth about every Student", agrees)
 	t.Logf("fault report: %s (stream leader %s, bridge connected to %s) for %s while 55 Students changed: lost 0, duplicates 0, out of order 0; everything published %s after it healed; publishes failed and retried meanwhile: %v",
 		f.name, fault.leader, fault.connected, struck.Round(100*time.Millisecond), time.Since(t1).Round(100*time.Millisecond), publishErrors(t)-failed)
+}
+
+// onCluster points cfg at a three-node cluster of the test's own, the
+// stream and buckets at three replicas, and returns a connection to it.
+func onCluster(t *testing.T, cfg *config.Config) *nats.Conn {
+	t.Helper()
+	cluster, err := stack.StartNATSCluster(3, stack.NATSClusterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Stop)
+	cfg.NATS.URLs = cluster.URL()
+	cfg.NATS.Stream.Replicas, cfg.State.Replicas = 3, 3
+	nc, err := nats.Connect(cluster.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
 }
 
 // lead makes the server named name lead stream.

@@ -6,25 +6,36 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/nats-io/nats.go"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
 // TestRestartRepublishesNothing: a new bridge on the same cluster and stream
-// finds everything already published and sends nothing. A core subscriber
-// counts: the stream's duplicate window would hide a republish with the
-// same id.
+// finds everything already published and sends nothing, on one NATS server
+// and on a three-node cluster. A core subscriber counts: the stream's
+// duplicate window would hide a republish with the same id.
 func TestRestartRepublishesNothing(t *testing.T) {
+	t.Run("one server", func(t *testing.T) {
+		cfg := testConfig(t, newNamespace(t), "restart")
+		testRestartRepublishesNothing(t, cfg, natsConn(t))
+	})
+	t.Run("cluster", func(t *testing.T) {
+		cfg := testConfig(t, newNamespace(t), "restart")
+		testRestartRepublishesNothing(t, cfg, onCluster(t, cfg))
+	})
+}
+
+func testRestartRepublishesNothing(t *testing.T, cfg *config.Config, nc *nats.Conn) {
 	ctx := context.Background()
-	ns := newNamespace(t)
-	cfg := testConfig(t, ns, "restart")
+	ns := cfg.Namespaces[0]
 	stop := startBridge(t, cfg)
-	nc := natsConn(t)
 
 	const n = 10
 	for i := range n {

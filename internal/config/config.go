@@ -215,7 +215,7 @@ var Settings = []Setting{
 	{"nats.connectTimeout", "nats-connect-timeout", dur("5s"), "Timeout of one connection attempt."},
 	{"nats.reconnectWait", "nats-reconnect-wait", dur("2s"), "Wait between reconnection attempts."},
 	{"nats.maxReconnects", "nats-max-reconnects", -1, "Reconnection attempts before giving up; -1 retries forever."},
-	{"nats.ackTimeout", "nats-ack-timeout", dur("5s"), "How long one publish waits for the JetStream acknowledgement."},
+	{"nats.ackTimeout", "nats-ack-timeout", dur("5s"), "How long one publish (or record write) waits for the JetStream acknowledgement. Writes failing for 3 times as long on a live connection move it to another server of the cluster."},
 	{"nats.auth.user", "nats-user", "", "NATS user name (password from nats.auth.passwordFile or STUDENT_BRIDGE_NATS_AUTH_PASSWORD)."},
 	{"nats.auth.password", "", "", "NATS password; set it by environment variable, not in a file in version control."},
 	{"nats.auth.passwordFile", "nats-password-file", "", "File holding the NATS password."},
