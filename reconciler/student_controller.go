@@ -67,6 +67,13 @@ type StudentReconciler struct {
 	// Shards, when not nil, says which Students this replica publishes
 	// for (active-active replicas); nil publishes for every Student.
 	Shards ShardOwner
+	// InScope says whether a Student is in the watched scope (its namespace
+	// is watched and the label selector matches it); nil: every Student
+	// is. A Student the cache does not have, but the API server does, left
+	// the scope only if it is out of it: otherwise the cache is behind (it
+	// relists after a watch that expired, or starts late on a gained
+	// shard).
+	InScope func(*studentv1.Student) bool
 	// Cluster names the cluster in the CloudEvent source.
 	Cluster string
 	// Now returns the current time; time.Now when nil.
@@ -133,7 +140,7 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	var stu studentv1.Student
 	if err := r.Client.Get(ctx, req.NamespacedName, &stu); err != nil {
 		if apierrors.IsNotFound(err) {
-			return ctrl.Result{}, r.reconcileGone(ctx, req.NamespacedName)
+			return r.reconcileGone(ctx, req.NamespacedName)
 		}
 		return ctrl.Result{}, err
 	}
@@ -200,11 +207,11 @@ func (r *StudentReconciler) reconcileDelete(ctx context.Context, stu *studentv1.
 // down), lost to kube-apiserver's delete/finalizer race
 // (kubernetes/kubernetes#77988), or out of the watched scope (a label or a
 // namespace the bridge no longer watches).
-func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.NamespacedName) error {
+func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.NamespacedName) (ctrl.Result, error) {
 	recs := r.Records.ForName(key)
 	if len(recs) == 0 {
 		r.gone.Delete(key)
-		return nil
+		return ctrl.Result{}, nil
 	}
 	reader := r.APIReader
 	if reader == nil {
@@ -213,7 +220,7 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 	var live studentv1.Student
 	err := reader.Get(ctx, key, &live)
 	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("look up %s: %w", key, err)
+		return ctrl.Result{}, fmt.Errorf("look up %s: %w", key, err)
 	}
 	var errs []error
 	for _, rec := range recs {
@@ -222,6 +229,10 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 		case exists && rec.Published.Type == studentv1.EventTypeDeleted:
 			// Left the scope earlier; the record keeps the next created
 			// apart from the first.
+		case exists && (r.InScope == nil || r.InScope(&live)):
+			// In scope, so the cache is behind: its watch event queues the
+			// Student again; look again in a moment all the same.
+			return ctrl.Result{RequeueAfter: time.Second}, nil
 		case exists:
 			errs = append(errs, r.leaveScope(ctx, &live, rec))
 		case rec.Published.Type == studentv1.EventTypeDeleted:
@@ -231,11 +242,11 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return err
+		return ctrl.Result{}, err
 	}
 	r.gone.Delete(key)
 	r.failures.Delete(key)
-	return nil
+	return ctrl.Result{}, nil
 }
 
 // publishGone publishes the deletion of a Student that is gone: with the

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -92,7 +93,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	if err != nil {
 		return err
 	}
-	r, err := addReconciler(mgr, cfg, pub, log)
+	r, err := addReconciler(mgr, cfg, selector, pub, log)
 	if err != nil {
 		return err
 	}
@@ -159,7 +160,7 @@ func addBrokerSetup(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, layo
 
 // addReconciler sets up the Student reconciler with its Kubernetes Event
 // recorder and status writer.
-func addReconciler(mgr manager.Manager, cfg *config.Config, pub *natssink.Publisher, log logr.Logger) (*reconciler.StudentReconciler, error) {
+func addReconciler(mgr manager.Manager, cfg *config.Config, selector labels.Selector, pub *natssink.Publisher, log logr.Logger) (*reconciler.StudentReconciler, error) {
 	r := &reconciler.StudentReconciler{
 		Client:            mgr.GetClient(),
 		APIReader:         mgr.GetAPIReader(),
@@ -169,6 +170,9 @@ func addReconciler(mgr manager.Manager, cfg *config.Config, pub *natssink.Publis
 		Recorder:          nopRecorder{},
 		Cluster:           cfg.Cluster,
 		Timeout:           cfg.NATS.AckTimeout + 30*time.Second,
+		InScope: func(s *studentv1.Student) bool {
+			return (len(cfg.Namespaces) == 0 || slices.Contains(cfg.Namespaces, s.Namespace)) && selector.Matches(labels.Set(s.Labels))
+		},
 	}
 	// Every worker busy: changes are waiting for the API server, and
 	// Events and status writes would only take capacity from them.

@@ -333,7 +333,11 @@ func TestShardsReplicaCutOffFromAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(got) != len(before) {
-		t.Errorf("%d events published after the cut healed, with no Student changing", len(got)-len(before))
+		t.Errorf("%d events published after the cut healed, with no Student changing:", len(got)-len(before))
+		for _, e := range got[len(before):] {
+			t.Logf("  %s %s %s generation %d resourceVersion %s id %s", e.Event.Type(), e.Data.Metadata.Name, e.Data.Metadata.UID,
+				e.Data.Metadata.Generation, e.Data.Metadata.ResourceVersion, e.Event.ID())
+		}
 	}
 	ids := map[string]int{}
 	for _, e := range got {
