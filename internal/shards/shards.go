@@ -266,6 +266,16 @@ func (m *Manager) step(ctx context.Context) error {
 			m.giveUp(n, "lost")
 		}
 	}
+	// A shard whose Lease names this replica but which it gave up after a
+	// record write conflicted is taken again (its records reloaded) before
+	// anything else: no other replica may take it while the Lease names a
+	// live one, and the conflict may have been this replica's own write,
+	// retried after a NATS leader election stored it, not another's.
+	for n, l := range shards {
+		if holder(l) == m.o.Identity && !m.owns(n) {
+			_ = m.acquire(ctx, n, l, now)
+		}
+	}
 	held := m.Held()
 	// More than the target: release the rest.
 	for i := target; i < len(held); i++ {

@@ -405,3 +405,29 @@ func TestLostShardIsTakenAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLostShardAtTargetIsNotOrphaned: a replica whose record write
+// conflicted gives the shard up; if it then holds exactly its fair share
+// (here: a held all 3 shards, b just joined, a's target is 2), it still
+// takes the shard back, because its Lease still names it and no one else
+// may take it: then it releases its surplus, and b gets one. Before, the
+// shard stayed with nobody publishing for it.
+func TestLostShardAtTargetIsNotOrphaned(t *testing.T) {
+	name := fmt.Sprintf("orphan-%d", time.Now().UnixNano()%100000)
+	// a steps every 2s, so that b joins and a loses a shard between two
+	// of its steps.
+	a := startReplica(t, name, "a", 3, func(o *shards.Options) {
+		o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = 5*time.Second, 3*time.Second, 2*time.Second
+	})
+	waitShares(t, []*replica{a}, 3, [2]int{3, 3})
+	var key types.NamespacedName
+	for i := 0; ; i++ {
+		key = types.NamespacedName{Namespace: "ns", Name: fmt.Sprintf("s%d", i)}
+		if a.m.Owns(key) {
+			break
+		}
+	}
+	b := startReplica(t, name, "b", 3, func(o *shards.Options) { o.RetryPeriod = 200 * time.Millisecond })
+	a.m.Lost(key)
+	waitShares(t, []*replica{a, b}, 3, [2]int{2, 2}, [2]int{1, 1})
+}
