@@ -18,6 +18,9 @@ import (
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
+// setupTimeout bounds looking up (or creating) a stream or a bucket.
+const setupTimeout = 10 * time.Second
+
 // retry calls attempt until it succeeds, ctx ends or attempt returns an
 // error wrapping one of fatal, waiting from 500ms doubling to 30s between
 // attempts. It returns nil when ctx ended.
@@ -81,7 +84,7 @@ func (s *streamEnsurer) Start(ctx context.Context) error {
 		if !s.nc.IsConnected() {
 			return fmt.Errorf("NATS %s", s.nc.Status())
 		}
-		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		ctx, cancel := context.WithTimeout(ctx, setupTimeout)
 		defer cancel()
 		info, err := natssink.EnsureStream(ctx, js, s.cfg, s.create)
 		if err != nil {
@@ -120,12 +123,17 @@ func (l *recordLoader) Start(ctx context.Context) error {
 		if !l.nc.IsConnected() {
 			return fmt.Errorf("NATS %s", l.nc.Status())
 		}
-		ctx, cancel := context.WithTimeout(ctx, time.Minute)
-		defer cancel()
+		// A lookup or a create is one JetStream API request: one that got
+		// lost (a cluster busy electing or creating) is asked again soon.
+		setup, cancel := context.WithTimeout(ctx, setupTimeout)
 		var err error
-		if store, err = natssink.EnsureBucket(ctx, l.nc, bucket, l.cfg.State.Create); err != nil {
+		store, err = natssink.EnsureBucket(setup, l.nc, bucket, l.cfg.State.Create)
+		cancel()
+		if err != nil {
 			return err
 		}
+		ctx, cancel = context.WithTimeout(ctx, time.Minute)
+		defer cancel()
 		if err := checkShardCount(ctx, store, l.cfg.Shards.Count); err != nil {
 			return err
 		}

@@ -3,7 +3,6 @@ package bridge
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
@@ -43,7 +42,7 @@ func (w *receiptWatch) Start(ctx context.Context) error {
 		if !w.nc.IsConnected() {
 			return fmt.Errorf("NATS %s", w.nc.Status())
 		}
-		setup, cancel := context.WithTimeout(ctx, time.Minute)
+		setup, cancel := context.WithTimeout(ctx, setupTimeout)
 		store, err := natssink.EnsureBucket(setup, w.nc, bucket, w.cfg.Receipts.Create)
 		cancel()
 		if err != nil {
