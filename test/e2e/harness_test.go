@@ -214,6 +214,7 @@ type report struct {
 	Deleted    int
 	Delivered  int // events in the stream
 	Duplicates int // events that repeat an earlier (uid, type, state) beyond the stream's dedup
+	OutOfOrder int // events of an older generation than an earlier event of their Student
 	// Unobserved counts Students created and deleted while no bridge could
 	// see them: nothing was published for them, neither created nor deleted,
 	// which is consistent for consumers (they never learnt of them).
@@ -222,15 +223,16 @@ type report struct {
 }
 
 func (r report) String() string {
-	return fmt.Sprintf("changes=%d students=%d deleted=%d delivered=%d duplicates=%d unobserved=%d recovery=%s",
-		r.Changes, r.Students, r.Deleted, r.Delivered, r.Duplicates, r.Unobserved, r.Recovery.Round(10*time.Millisecond))
+	return fmt.Sprintf("changes=%d students=%d deleted=%d delivered=%d duplicates=%d out-of-order=%d unobserved=%d recovery=%s",
+		r.Changes, r.Students, r.Deleted, r.Delivered, r.Duplicates, r.OutOfOrder, r.Unobserved, r.Recovery.Round(10*time.Millisecond))
 }
 
 // verify checks the stream against the API server's truth: the final state
 // (spec and labels) of every Student that exists; for every Student deleted
 // after it was published exactly one deleted event, its last, carrying its
 // final state (or, without the finalizer policy, a state it had); and no
-// event for a state that never existed.
+// event for a state that never existed, nor one of an older generation
+// than an earlier event of its Student.
 func (w *world) verify(ns string) (report, error) {
 	ctx := context.Background()
 	events, err := stack.StreamEvents(ctx, w.nc, w.stream)
@@ -259,10 +261,16 @@ func (w *world) verify(ns string) (report, error) {
 			r.Duplicates++
 		}
 		seen[key] = true
+		if prev, ok := last[uid]; ok && prev.Data.Metadata.Generation > e.Data.Metadata.Generation {
+			r.OutOfOrder++
+		}
 		last[uid] = e
 		if e.Event.Type() == studentv1.EventTypeDeleted {
 			deletedSeen[uid]++
 		}
+	}
+	if r.OutOfOrder > 0 {
+		return r, fmt.Errorf("%d events are of an older generation than an earlier event of their Student", r.OutOfOrder)
 	}
 	for _, s := range list.Items {
 		if !s.DeletionTimestamp.IsZero() {
