@@ -196,7 +196,7 @@ var Settings = []Setting{
 	{"healthAddr", "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; \"0\" disables them."},
 	{"pprofAddr", "pprof-bind-address", "", "Address of the Go pprof endpoints (/debug/pprof/); empty disables them. Do not expose it."},
 	{"kubernetesEvents", "kubernetes-events", true, "Record a Kubernetes Event on the Student for every publish and failure."},
-	{"kubernetesEventsQPS", "kubernetes-events-qps", float64(50), "Most Kubernetes Events written per second by the whole bridge (with shards, each replica writes the share of the shards it holds). Events wait in a queue of 1000 and beyond it are dropped and counted: they never slow publishing."},
+	{"kubernetesEventsQPS", "kubernetes-events-qps", float64(10), "Most Kubernetes Events (each an API write) per second for the whole bridge (with shards, each replica writes the share of the shards it holds). Events wait in a queue of 1000 and beyond it are dropped and counted: they never slow publishing."},
 	{"shutdownTimeout", "shutdown-timeout", dur("30s"), "How long a graceful shutdown waits for in-flight publishes."},
 	{"leaderElection.enabled", "leader-elect", true, "Use a Lease so that only one replica publishes at a time."},
 	{"leaderElection.namespace", "leader-election-namespace", "", "Namespace of the Lease; defaults to the pod's namespace in-cluster, else \"default\"."},
