@@ -54,7 +54,17 @@ func selected(name, only string) bool {
 	if only == "" {
 		return true
 	}
+	// A comma followed by a space is part of a name ("3 replicas, 16
+	// shards"), not a separator.
+	var parts []string
 	for _, part := range strings.Split(only, ",") {
+		if strings.HasPrefix(part, " ") && len(parts) > 0 {
+			parts[len(parts)-1] += "," + part
+			continue
+		}
+		parts = append(parts, part)
+	}
+	for _, part := range parts {
 		if exact, ok := strings.CutPrefix(part, "="); ok && name == exact || !ok && part != "" && strings.Contains(name, part) {
 			return true
 		}
