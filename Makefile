@@ -66,9 +66,13 @@ verify-gen: $(CONTROLLER_GEN) ## Fail if generated code or manifests are stale (
 fmt: ## Run gofmt.
 	gofmt -l -w $$(git ls-files '*.go')
 
+# What may be at the repository root (DESIGN.md, "Layout").
+ROOT_LAYOUT := .ci .dockerignore .gitignore Dockerfile Makefile README.md api cmd configs consumer deploy docs examples go.mod go.sum hack internal reconciler sink test
+
 .PHONY: vet
-vet: ## Run go vet; fail on unformatted Go files and on tracked files over 1 MiB (a binary committed by mistake).
+vet: ## Run go vet; fail on unformatted Go files, tracked files over 1 MiB (a binary committed by mistake) and files at the root the layout does not name.
 	$(GO) vet ./...
+	@stray=$$(git ls-files | cut -d/ -f1 | sort -u | grep -vxF $(addprefix -e ,$(ROOT_LAYOUT)) || true); if [ -n "$$stray" ]; then echo "not part of the layout at the repository root: $$stray"; exit 1; fi
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "not gofmt-ed: $$unformatted"; exit 1; fi
 	@large=$$(git ls-files -z | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$$1 > 1048576 {print $$2}' || true); if [ -n "$$large" ]; then echo "tracked files over 1 MiB: $$large"; exit 1; fi
 
