@@ -150,24 +150,13 @@ func TestClusterFaults(t *testing.T) {
 
 func testClusterFault(t *testing.T, f clusterFault) {
 	ctx := context.Background()
-	cluster, err := stack.StartNATSCluster(3, stack.NATSClusterOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cluster.Stop)
 	ns := newNamespace(t)
 	cfg := testConfig(t, ns, "cluster")
-	cfg.NATS.URLs = cluster.URL()
+	cluster, nc := onCluster(t, cfg)
 	cfg.NATS.Name = "bridge-" + ns
 	cfg.Deletes.HoldWithFinalizer = !f.unheld
-	cfg.NATS.Stream.Replicas, cfg.State.Replicas = 3, 3
 	cfg.NATS.AckTimeout = 300 * time.Millisecond // publishes during an election fail and are retried
 	startBridge(t, cfg)
-	nc, err := nats.Connect(cluster.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
 
 	for i := range 20 {
 		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%02d", i), "wang", "china")); err != nil {
@@ -192,7 +181,8 @@ func testClusterFault(t *testing.T, f clusterFault) {
 			witness = s
 		}
 	}
-	if nc, err = nats.Connect(witness.URL()+","+cluster.URL(), nats.DontRandomize(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond)); err != nil {
+	nc, err := nats.Connect(witness.URL()+","+cluster.URL(), nats.DontRandomize(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
@@ -235,8 +225,9 @@ func testClusterFault(t *testing.T, f clusterFault) {
 }
 
 // onCluster points cfg at a three-node cluster of the test's own, the
-// stream and buckets at three replicas, and returns a connection to it.
-func onCluster(t *testing.T, cfg *config.Config) *nats.Conn {
+// stream and buckets at three replicas, and returns it and a connection to
+// it.
+func onCluster(t *testing.T, cfg *config.Config) (*stack.NATSCluster, *nats.Conn) {
 	t.Helper()
 	cluster, err := stack.StartNATSCluster(3, stack.NATSClusterOptions{})
 	if err != nil {
@@ -250,7 +241,7 @@ func onCluster(t *testing.T, cfg *config.Config) *nats.Conn {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	return nc
+	return cluster, nc
 }
 
 // lead makes the server named name lead stream.

@@ -28,7 +28,8 @@ func TestRestartRepublishesNothing(t *testing.T) {
 	})
 	t.Run("cluster", func(t *testing.T) {
 		cfg := testConfig(t, newNamespace(t), "restart")
-		testRestartRepublishesNothing(t, cfg, onCluster(t, cfg))
+		_, nc := onCluster(t, cfg)
+		testRestartRepublishesNothing(t, cfg, nc)
 	})
 }
 
