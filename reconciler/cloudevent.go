@@ -45,7 +45,8 @@ func EventID(eventType string, s *studentv1.Student, previousID string) string {
 
 // NewEvent builds the CloudEvent for a change of s. previous is what was last
 // published for s (nil if nothing); for updates its spec travels as
-// previousSpec. id is normally EventID's.
+// previousSpec. id is normally EventID's. Chain adds its place in the
+// Student's sequence.
 func NewEvent(cluster, eventType, id string, s *studentv1.Student, previous *studentv1.PublishedEvent, now time.Time) (cloudevents.Event, error) {
 	ev := cloudevents.NewEvent(cloudevents.VersionV1)
 	ev.SetID(id)
@@ -95,4 +96,31 @@ func NextChange(s *studentv1.Student, last *studentv1.PublishedEvent) string {
 		return studentv1.EventTypeUpdated
 	}
 	return ""
+}
+
+// Chain sets ev's place in its Student's events: its sequence (none when 0)
+// and the id of the event before it (none when empty).
+func Chain(ev *cloudevents.Event, sequence int64, previousID string) {
+	if sequence > 0 {
+		ev.SetExtension(studentv1.ExtensionSequence, studentv1.FormatSequence(sequence))
+	}
+	if previousID != "" {
+		ev.SetExtension(studentv1.ExtensionPreviousID, previousID)
+	}
+}
+
+// Sequence is the per-Student sequence an event of eventType carries after
+// previous (nil: nothing published yet): one more than previous's, so 1 for
+// a Student's first event, and 1 too for the first event after a record
+// that predates counting. A snapshot is no change: it carries previous's
+// count (0, none, when there is nothing to copy).
+func Sequence(eventType string, previous *studentv1.PublishedEvent) int64 {
+	var last int64
+	if previous != nil {
+		last = previous.StudentSequence
+	}
+	if eventType == studentv1.EventTypeSnapshot {
+		return last
+	}
+	return last + 1
 }

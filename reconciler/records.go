@@ -153,13 +153,41 @@ func readStore(ctx context.Context, store sink.Store) ([]storedRecord, error) {
 	storeOps.WithLabelValues("load", resultSuccess).Inc()
 	out := make([]storedRecord, 0, len(all))
 	for _, rec := range all {
-		var sr studentv1.StudentRecord
-		if err := json.Unmarshal(rec.Value, &sr); err != nil || sr.UID == "" || string(sr.UID) != rec.Key {
-			continue
+		if sr, ok := ParseRecord(rec.Key, rec.Value); ok {
+			out = append(out, storedRecord{rec: sr, revision: rec.Revision})
 		}
-		out = append(out, storedRecord{rec: sr, revision: rec.Revision})
 	}
 	return out, nil
+}
+
+// Stored reads every record from the store, as it is now (every replica's
+// writes, not only this one's).
+func (r *Records) Stored(ctx context.Context) ([]studentv1.StudentRecord, error) {
+	if err := r.Wait(ctx); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	store := r.store
+	r.mu.Unlock()
+	all, err := readStore(ctx, store)
+	if err != nil {
+		return nil, fmt.Errorf("read records: %w", err)
+	}
+	out := make([]studentv1.StudentRecord, len(all))
+	for i, sr := range all {
+		out[i] = sr.rec
+	}
+	return out, nil
+}
+
+// ParseRecord reads a record store entry: ok is false for a key that holds
+// no record of a Student under its uid (another key, e.g. the shard count,
+// or a value that is not ours to interpret).
+func ParseRecord(key string, value []byte) (rec studentv1.StudentRecord, ok bool) {
+	if err := json.Unmarshal(value, &rec); err != nil || rec.UID == "" || rec.UID != key {
+		return studentv1.StudentRecord{}, false
+	}
+	return rec, true
 }
 
 // Wait blocks until the first Load finished.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
@@ -24,6 +25,10 @@ type Snapshotter struct {
 	Cluster string
 	// Now returns the current time; time.Now when nil.
 	Now func() time.Time
+	// Records, when set, gives each snapshot the sequence and id of the
+	// last change published for its Student, read from the record store
+	// (where every replica's records are) once per snapshot.
+	Records *Records
 }
 
 // Snapshot publishes one snapshot event per Student in namespace (all
@@ -41,6 +46,18 @@ func (s *Snapshotter) Snapshot(ctx context.Context, namespace, run string) (int,
 	if s.Now != nil {
 		now = s.Now
 	}
+	published := map[types.UID]studentv1.PublishedEvent{}
+	if s.Records != nil {
+		stored, err := s.Records.Stored(ctx)
+		if err != nil {
+			return 0, err
+		}
+		for _, rec := range stored {
+			if !rec.Pending {
+				published[types.UID(rec.UID)] = rec.Published
+			}
+		}
+	}
 	n := 0
 	for i := range list.Items {
 		stu := &list.Items[i]
@@ -50,6 +67,9 @@ func (s *Snapshotter) Snapshot(ctx context.Context, namespace, run string) (int,
 		ev, err := NewEvent(s.Cluster, studentv1.EventTypeSnapshot, snapshotID(stu, run), stu, nil, now())
 		if err != nil {
 			return n, err
+		}
+		if last, ok := published[stu.UID]; ok {
+			Chain(&ev, Sequence(studentv1.EventTypeSnapshot, &last), last.ID)
 		}
 		if _, err := send(ctx, s.Sink, ev); err != nil {
 			return n, fmt.Errorf("publish snapshot of %s: %w", Subject(stu), err)

@@ -372,17 +372,25 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, studentv1.ReasonInvalid, "Publish", "cannot build %s event: %v", typ, err)
 		return r.failed(key, reconcile.TerminalError(err))
 	}
+	seq := Sequence(typ, last)
+	if pending, ok := r.Records.Get(stu.UID); ok && pending.Pending && pending.Published.ID != ev.ID() {
+		// The first event may be out already (its record is pending):
+		// this one counts on from it, so no two events share a number.
+		seq, previousID = pending.Published.StudentSequence+1, pending.Published.ID
+	}
+	Chain(&ev, seq, previousID)
 	rec := studentv1.StudentRecord{
 		Namespace: stu.Namespace,
 		Name:      stu.Name,
 		UID:       string(stu.UID),
 		Published: studentv1.PublishedEvent{
-			Type:       typ,
-			ID:         ev.ID(),
-			Time:       metav1.NewTime(now.Truncate(time.Second)),
-			Generation: stu.Generation,
-			Spec:       stu.Spec,
-			Labels:     stu.Labels,
+			Type:            typ,
+			ID:              ev.ID(),
+			Time:            metav1.NewTime(now.Truncate(time.Second)),
+			Generation:      stu.Generation,
+			StudentSequence: seq,
+			Spec:            stu.Spec,
+			Labels:          stu.Labels,
 		},
 	}
 

@@ -212,7 +212,93 @@ func TestLifecycle(t *testing.T) {
 		t.Error("the record outlived the Student")
 	}
 	f.mustReconcile("object-name")
-	f.requireEvents("created", "updated", "updated", "deleted")
+	requireChain(t, f.requireEvents("created", "updated", "updated", "deleted"), 1)
+}
+
+// requireChain fails unless evs are one Student's events numbered from
+// first on, each naming the one before it (a first created names none).
+func requireChain(t *testing.T, evs []cloudevents.Event, first int64) {
+	t.Helper()
+	for i, ev := range evs {
+		seq, ok := studentv1.ParseSequence(ev.Extensions()[studentv1.ExtensionSequence])
+		prev, _ := ev.Extensions()[studentv1.ExtensionPreviousID].(string)
+		wantPrev := ""
+		if i > 0 {
+			wantPrev = evs[i-1].ID()
+		}
+		if !ok || seq != first+int64(i) || (i > 0 || ev.Type() == studentv1.EventTypeCreated) && prev != wantPrev {
+			t.Errorf("event %d (%s): sequence %v previousid %q, want %d and %q", i, ev.Type(), ev.Extensions()[studentv1.ExtensionSequence], prev, first+int64(i), wantPrev)
+		}
+	}
+}
+
+// TestSequenceSurvivesRestart: a reconciler that loads the records of an
+// earlier one counts on where it stopped.
+func TestSequenceSurvivesRestart(t *testing.T) {
+	f := newFixture(t, true)
+	f.create("a", nil)
+	f.mustReconcile("a")
+	f.r = &reconciler.StudentReconciler{Client: st.Client, Sink: f.sink, Records: reconciler.NewRecords(), HoldWithFinalizer: true, Recorder: nopRecorder{}, Cluster: "test"}
+	f.load()
+	f.update("a", func(s *studentv1.Student) { s.Spec.School = "beijing" })
+	f.mustReconcile("a")
+	f.delete("a")
+	f.mustReconcile("a")
+	requireChain(t, f.requireEvents("created", "updated", "deleted"), 1)
+}
+
+// TestSequenceAfterPendingFirstEvent: a Student whose first event may be
+// out (its record pending: the ack was lost) and is then deleted gets a
+// deleted event numbered after it, never a second 1.
+func TestSequenceAfterPendingFirstEvent(t *testing.T) {
+	f := newFixture(t, true)
+	stu := f.create("early", nil)
+	real := f.r.Sink
+	f.r.Sink = sinkFunc(func(ctx context.Context, ev cloudevents.Event) (sink.Receipt, error) {
+		_, _ = real.Publish(ctx, ev) // out, but the ack is lost
+		return sink.Receipt{}, errors.New("ack lost")
+	})
+	if err := f.reconcile("early"); err == nil {
+		t.Fatal("reconcile succeeded without an ack")
+	}
+	if rec, _ := f.record(stu.UID); !rec.Pending {
+		t.Fatalf("record after a lost ack: %+v, want pending", rec)
+	}
+	f.r.Sink = real
+	f.delete("early")
+	f.mustReconcile("early")
+	requireChain(t, f.requireEvents("created", "deleted"), 1)
+}
+
+// TestSequenceStartsAfterUpgrade: a record written before the bridge
+// counted (no studentSequence) makes the next event number 1, naming the
+// last event before the upgrade as its previous.
+func TestSequenceStartsAfterUpgrade(t *testing.T) {
+	f := newFixture(t, true)
+	stu := f.create("old", nil)
+	f.mustReconcile("old")
+	rec, _ := f.record(stu.UID)
+	oldID := rec.Published.ID
+	rec.Published.StudentSequence = 0
+	stored, err := f.store.Get(context.Background(), rec.UID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(rec)
+	if _, err := f.store.Put(context.Background(), rec.UID, b, stored.Revision); err != nil {
+		t.Fatal(err)
+	}
+	f.load()
+	f.update("old", func(s *studentv1.Student) { s.Spec.School = "beijing" })
+	f.mustReconcile("old")
+	evs := f.requireEvents("created", "updated")
+	requireChain(t, evs[1:], 1)
+	if prev := evs[1].Extensions()[studentv1.ExtensionPreviousID]; prev != oldID {
+		t.Errorf("first event after the upgrade names %v as previous, want %s", prev, oldID)
+	}
+	if rec, _ := f.record(stu.UID); rec.Published.StudentSequence != 1 {
+		t.Errorf("record after the upgrade: studentSequence %d, want 1", rec.Published.StudentSequence)
+	}
 }
 
 // TestFailedPublishHoldsTheDelete: while the broker refuses, the deleted

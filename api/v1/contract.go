@@ -1,6 +1,9 @@
 package v1
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // Finalizer holds a Student until its deleted event has been acknowledged by
 // the broker, so deletes are never lost, even while the bridge is down.
@@ -29,6 +32,45 @@ const (
 	OperationDeleted  = "deleted"
 	OperationSnapshot = "snapshot"
 )
+
+// CloudEvent extension attributes of every change event (created, updated,
+// deleted) beyond the core ones.
+const (
+	// ExtensionSequence is the CloudEvents sequence extension: the
+	// Student's own count of published events (1 for its first created,
+	// then one more per event), zero-padded to SequenceDigits so it sorts
+	// as text. A consumer that sees 7 after 5 missed an event. A snapshot
+	// event carries the sequence of the last change published before it
+	// (it is a copy, not a change), or none if nothing was published yet.
+	ExtensionSequence = "sequence"
+	// ExtensionPreviousID is the id of the event published for the Student
+	// before this one (absent on its first event); on a snapshot, the id
+	// of the last change it copies.
+	ExtensionPreviousID = "previousid"
+	// SequenceDigits is the width of the zero-padded sequence.
+	SequenceDigits = 20
+)
+
+// FormatSequence renders a per-Student sequence as ExtensionSequence
+// carries it.
+func FormatSequence(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	if len(s) >= SequenceDigits {
+		return s
+	}
+	return strings.Repeat("0", SequenceDigits-len(s)) + s
+}
+
+// ParseSequence reads ExtensionSequence; ok is false when v is not a
+// sequence (absent: an event of a bridge that did not count yet).
+func ParseSequence(v any) (n int64, ok bool) {
+	s, isString := v.(string)
+	if !isString || s == "" {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	return n, err == nil && n > 0
+}
 
 // ConditionPublished is True when the Student's current generation and labels
 // have been published and acknowledged, and False with a reason otherwise.

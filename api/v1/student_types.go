@@ -44,6 +44,13 @@ type PublishedEvent struct {
 	// +optional
 	Sequence int64 `json:"sequence,omitempty"`
 
+	// studentSequence counts the events published for the Student's uid,
+	// 1 for its first created; the event carries it as its CloudEvent
+	// sequence attribute. 0 in records written before the bridge counted
+	// (the next event then carries 1).
+	// +optional
+	StudentSequence int64 `json:"studentSequence,omitempty"`
+
 	// spec is the spec that was published.
 	// +required
 	Spec StudentSpec `json:"spec"`

@@ -111,7 +111,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 			return err
 		}
 	}
-	if err := addSnapshots(mgr, cfg, nc, pub, log); err != nil {
+	if err := addSnapshots(mgr, cfg, nc, pub, r.Records, log); err != nil {
 		return err
 	}
 	if err := addHealth(mgr, cfg, nc, brokerReady); err != nil {
@@ -211,14 +211,14 @@ func addReconciler(mgr manager.Manager, cfg *config.Config, selector labels.Sele
 	return r, nil
 }
 
-func addSnapshots(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, pub *natssink.Publisher, log logr.Logger) error {
+func addSnapshots(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, pub *natssink.Publisher, records *reconciler.Records, log logr.Logger) error {
 	if !cfg.Snapshot.OnStartup && cfg.Snapshot.RequestSubject == "" {
 		return nil
 	}
 	return mgr.Add(&snapshotServer{
 		nc:         nc,
 		cache:      mgr.GetCache(),
-		snap:       &reconciler.Snapshotter{Reader: mgr.GetClient(), Sink: pub, Cluster: cfg.Cluster},
+		snap:       &reconciler.Snapshotter{Reader: mgr.GetClient(), Sink: pub, Cluster: cfg.Cluster, Records: records},
 		onStartup:  cfg.Snapshot.OnStartup,
 		subject:    cfg.Snapshot.RequestSubject,
 		namespaces: cfg.Namespaces,

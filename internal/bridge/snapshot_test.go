@@ -8,6 +8,7 @@ import (
 	"time"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
 // TestSnapshots: a bridge with snapshot.onStartup publishes one snapshot
@@ -32,9 +33,19 @@ func TestSnapshots(t *testing.T) {
 	startBridge(t, cfg)
 	got := waitStream(t, nc, cfg.NATS.Stream.Name, 4)
 	startup := got[2:]
+	created := map[string]stack.Received{}
+	for _, r := range got[:2] {
+		created[r.Data.Metadata.UID] = r
+	}
 	for _, r := range startup {
 		if r.Event.Type() != studentv1.EventTypeSnapshot || r.Subject != "snap.snapshot" || r.Data.Spec.School != "school" {
 			t.Errorf("startup snapshot event: %s on %s %+v", r.Event.Type(), r.Subject, r.Data)
+		}
+		// A copy of the last change: its sequence and its id.
+		ext, last := r.Event.Extensions(), created[r.Data.Metadata.UID]
+		if ext[studentv1.ExtensionSequence] != studentv1.FormatSequence(1) || ext[studentv1.ExtensionPreviousID] != last.Event.ID() {
+			t.Errorf("snapshot of %s: sequence %v previousid %v, want %s and %s", r.Data.Metadata.Name,
+				ext[studentv1.ExtensionSequence], ext[studentv1.ExtensionPreviousID], studentv1.FormatSequence(1), last.Event.ID())
 		}
 	}
 	if startup[0].Data.Metadata.Name == startup[1].Data.Metadata.Name {
