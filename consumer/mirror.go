@@ -17,6 +17,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	cejetstream "github.com/cloudevents/sdk-go/protocol/nats_jetstream/v2"
@@ -41,6 +42,9 @@ type Desired struct {
 	EventID   string
 	EventType string
 	Sequence  uint64
+	// StudentSequence is the event's place among the Student's own events
+	// (its CloudEvent sequence attribute): 0 when it carries none.
+	StudentSequence int64
 }
 
 // Change is what the handler applies for one Student: from Old, what it
@@ -121,6 +125,9 @@ type Mirror struct {
 	catchUp   int // rebuild Students not yet applied
 	retries   chan string
 	lastStart uint64 // the stream's last sequence when Run started
+	// numbers is the Student sequence of the newest event read per uid.
+	numbers map[string]int64
+	gaps    atomic.Int64
 }
 
 type pendingStudent struct {
@@ -174,6 +181,41 @@ func (m *Mirror) State() map[string]Desired {
 		out[uid] = *d
 	}
 	return out
+}
+
+// Gaps counts the events the Mirror found missing: a Student's event
+// whose sequence skips a number after the one read before it. The event
+// that shows the gap carries the Student's whole desired state and is
+// handed over as usual; what went missing is a state in between, lost to
+// the stream (its limits, a purge, a message deleted by hand) or never
+// delivered (a subject filter narrower than every event type).
+func (m *Mirror) Gaps() int64 { return m.gaps.Load() }
+
+// track checks d's place in its Student's sequence against the event read
+// before it and counts a gap. A snapshot carries the number of the last
+// change: one above what was read means that change was missed.
+func (m *Mirror) track(d *Desired) {
+	prev, seen := m.numbers[d.UID]
+	next := d.StudentSequence
+	if next == 0 {
+		return // an event of a bridge that did not count yet
+	}
+	want := prev + 1
+	if d.EventType == studentv1.EventTypeSnapshot {
+		want = prev
+	}
+	if seen && prev > 0 && next > want {
+		m.gaps.Add(1)
+		m.log.Warn("a Student's sequence skips events; handing over its newest state", "student", d.Namespace+"/"+d.Name,
+			"uid", d.UID, "after", prev, "got", next, "event", d.EventID, "streamSequence", d.Sequence)
+	}
+	if d.EventType == studentv1.EventTypeDeleted {
+		delete(m.numbers, d.UID)
+		return
+	}
+	if next > prev {
+		m.numbers[d.UID] = next
+	}
 }
 
 // Run rebuilds, then applies changes until ctx is done (it then returns
@@ -230,8 +272,10 @@ func (m *Mirror) Run(ctx context.Context) error {
 	// after it.
 	applied := map[string]*Desired{}
 	m.pending = map[string]*pendingStudent{}
+	m.numbers = map[string]int64{}
 	m.retries = make(chan string, 64)
 	if err := m.fold(ctx, stream, last, func(d *Desired, ev *event) {
+		m.track(d)
 		switch {
 		case d.Sequence > floor:
 			m.enqueue(d, ev, 0, true)
@@ -361,6 +405,7 @@ func (m *Mirror) receive(ctx context.Context, d delivery) {
 		return
 	}
 	des := d.ev.desired(d.seq)
+	m.track(des)
 	m.enqueue(des, d.ev, d.seq, false)
 	if p := m.pending[des.UID]; p != nil && !p.waiting && p.attempts == 0 {
 		m.handle(ctx, des.UID)
@@ -588,13 +633,14 @@ func (m *Mirror) fold(ctx context.Context, stream jetstream.Stream, to uint64, a
 // event is the part of a Student CloudEvent the mirror reads.
 type event struct {
 	id, typ string
+	number  int64 // the Student sequence; 0: none
 	data    studentv1.StudentEventData
 }
 
 func (e *event) desired(seq uint64) *Desired {
 	md := e.data.Metadata
 	return &Desired{UID: md.UID, Namespace: md.Namespace, Name: md.Name, Generation: md.Generation,
-		Spec: e.data.Spec, Labels: md.Labels, EventID: e.id, EventType: e.typ, Sequence: seq}
+		Spec: e.data.Spec, Labels: md.Labels, EventID: e.id, EventType: e.typ, Sequence: seq, StudentSequence: e.number}
 }
 
 // decode reads a Student CloudEvent in either encoding of the NATS binding.
@@ -605,6 +651,7 @@ func decode(msg jetstream.Msg) (*event, error) {
 		return nil, err
 	}
 	ev := &event{id: ce.ID(), typ: ce.Type()}
+	ev.number, _ = studentv1.ParseSequence(ce.Extensions()[studentv1.ExtensionSequence])
 	if err := json.Unmarshal(ce.Data(), &ev.data); err != nil {
 		return nil, fmt.Errorf("data of %s: %w", ev.id, err)
 	}

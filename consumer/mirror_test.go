@@ -516,3 +516,46 @@ func TestMirrorAsksForASnapshot(t *testing.T) {
 		t.Errorf("the rebuild handed over %d changes, want 60", n)
 	}
 }
+
+// TestMirrorCountsAGap: an event that left the stream between two events
+// of a Student (deleted by hand here) shows as a gap in its sequence; the
+// mirror counts it and applies the newest state all the same. The events
+// of other Students in between are no gap.
+func TestMirrorCountsAGap(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t, "gaps")
+	x := create(t, w.ns, "x", "china")
+	create(t, w.ns, "y", "china")
+	w.waitPublished(t, 2)
+	rec := &recorder{}
+	m, stop := w.mirror(t, "gaps", rec.handle)
+	waitSame(t, w.ns, m)
+	w.waitAcked(t, "gaps", 2)
+	stop()
+	if n := m.Gaps(); n != 0 {
+		t.Errorf("%d gaps in events that are all there", n)
+	}
+
+	for _, school := range []string{"beijing", "shanghai"} {
+		bridgetest.Patch(t, st.Client, x.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = school })
+	}
+	w.waitPublished(t, 4)
+	js, err := jetstream.New(w.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, w.cfg.NATS.Stream.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.DeleteMsg(ctx, 3); err != nil { // x's update to beijing
+		t.Fatal(err)
+	}
+	m, _ = w.mirror(t, "gaps", rec.handle)
+	if got := waitSame(t, w.ns, m); got[string(x.UID)] != "x=shanghai" {
+		t.Errorf("mirror holds %q for x, want its newest state", got[string(x.UID)])
+	}
+	if n := m.Gaps(); n != 1 {
+		t.Errorf("the mirror counted %d gaps, want 1", n)
+	}
+}

@@ -28,6 +28,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/tail"
+	"github.com/student-bridge/student-bridge/internal/verify"
 )
 
 // shippedNATSOptions parses deploy/nats/nats.conf with nats-server's own
@@ -265,6 +266,24 @@ func checkBridgeAndConsumer(t *testing.T, url string) {
 
 	expectViolation(t, consumer, consumerErrs, "student.created")
 	bridgeConn, bridgeErrs := connectAs(t, url, "bridge", "bridge-secret")
+	// verify reads all it compares as either user, and finds the stream
+	// telling the truth.
+	for user, nc := range map[string]*nats.Conn{"consumer": consumer, "bridge": bridgeConn} {
+		src := verify.Source{NATS: nc, Stream: "STUDENTS", Bucket: "STUDENT_BRIDGE_PUBLISHED", Kube: st.Client, Namespaces: []string{ns.Name}, Cluster: cfg.Cluster}
+		if err := stack.Eventually(30*time.Second, func() error {
+			r, err := verify.Verify(ctx, src, verify.Options{})
+			if err != nil {
+				return err
+			}
+			if r.Events != 3 || !r.RecordsRead {
+				return fmt.Errorf("verify read %d events (records read: %v), want 3", r.Events, r.RecordsRead)
+			}
+			return r.Err()
+		}); err != nil {
+			t.Errorf("verify as %s: %v", user, err)
+		}
+	}
+	expectViolation(t, consumer, consumerErrs, "$KV.STUDENT_BRIDGE_PUBLISHED."+string(second.UID))
 	expectViolation(t, bridgeConn, bridgeErrs, "billing.invoice")
 
 	if _, err := nats.Connect(url, nats.UserInfo("bridge", "wrong")); err == nil || !strings.Contains(strings.ToLower(err.Error()), "authorization") {

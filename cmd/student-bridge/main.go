@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -26,9 +27,24 @@ func main() {
 	// printed here, once.
 	if err := newRootCommand().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "error:", err)
+		var coded *codedError
+		if errors.As(err, &coded) {
+			os.Exit(coded.code)
+		}
 		os.Exit(1)
 	}
 }
+
+// codedError is an error a command exits with a status of its own for.
+type codedError struct {
+	code int
+	err  error
+}
+
+func (e *codedError) Error() string { return e.err.Error() }
+func (e *codedError) Unwrap() error { return e.err }
+
+func exitError(code int, err error) error { return &codedError{code: code, err: err} }
 
 // signalContext is cancelled on the first SIGINT or SIGTERM. A second one
 // runs beforeExit (if set, to stop child processes) and exits at once.
@@ -100,7 +116,7 @@ its environment variable are listed in configs/student-bridge.yaml.`,
 		defer cancel()
 		return bridge.Run(ctx, cfg, restCfg)
 	}
-	cmd.AddCommand(newTailCommand(setupLog, &configFile), newSnapshotCommand(setupLog, &configFile), newReleaseCommand(setupLog, &configFile), newServicesCommand(setupLog, &configFile))
+	cmd.AddCommand(newTailCommand(setupLog, &configFile), newSnapshotCommand(setupLog, &configFile), newReleaseCommand(setupLog, &configFile), newServicesCommand(setupLog, &configFile), newVerifyCommand(setupLog, &configFile))
 	if dev := newDevCommand(setupLog, &configFile); dev != nil {
 		cmd.AddCommand(dev)
 	}

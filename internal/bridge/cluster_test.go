@@ -9,11 +9,11 @@ import (
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/verify"
 )
 
 // clusterFault is one fault of TestClusterFaults: inject strikes, reacted
@@ -212,7 +212,7 @@ func testClusterFault(t *testing.T, f clusterFault) {
 			t.Fatal(err)
 		}
 	}
-	agrees := func() error { return streamAgrees(ctx, nc, cfg.NATS.Stream.Name, ns) }
+	agrees := func() error { return streamAgrees(ctx, nc, cfg) }
 	if f.beforeHeal {
 		waitFor(t, "the stream telling the truth about every Student before the fault heals", agrees)
 	}
@@ -291,48 +291,12 @@ func publishErrors(t *testing.T) float64 {
 	return counter(t, "student_bridge_events_published_total", map[string]string{"result": "error"})
 }
 
-// streamAgrees compares the stream with the API server: the last event of
-// every Student of ns carries its current spec, the last event of every
-// other name seen is deleted, no id is there twice, and no Student has an
-// event after its deletion or of an older generation than one before it.
-func streamAgrees(ctx context.Context, nc *nats.Conn, stream, ns string) error {
-	evs, err := stack.StreamEvents(ctx, nc, stream)
+// streamAgrees is `student-bridge verify` with no grace: the stream, the
+// record store and the API server agree about every Student of cfg's scope.
+func streamAgrees(ctx context.Context, nc *nats.Conn, cfg *config.Config) error {
+	r, err := verify.Verify(ctx, verifySource(cfg, nc), verify.Options{})
 	if err != nil {
 		return err
 	}
-	last := map[string]stack.Received{}
-	byUID := map[string]stack.Received{}
-	ids := map[string]int{}
-	for _, ev := range evs {
-		if prev, ok := byUID[ev.Data.Metadata.UID]; ok && (prev.Event.Type() == studentv1.EventTypeDeleted || prev.Data.Metadata.Generation > ev.Data.Metadata.Generation) {
-			return fmt.Errorf("%s: event %s (generation %d) at sequence %d follows %s (generation %d)", ev.Data.Metadata.Name,
-				ev.Event.Type(), ev.Data.Metadata.Generation, ev.Sequence, prev.Event.Type(), prev.Data.Metadata.Generation)
-		}
-		byUID[ev.Data.Metadata.UID] = ev
-		last[ev.Data.Metadata.Name] = ev
-		ids[ev.Event.ID()]++
-	}
-	for id, n := range ids {
-		if n > 1 {
-			return fmt.Errorf("event %s is in the stream %d times", id, n)
-		}
-	}
-	var list studentv1.StudentList
-	if err := st.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
-		return err
-	}
-	live := map[string]bool{}
-	for _, s := range list.Items {
-		live[s.Name] = true
-		ev, ok := last[s.Name]
-		if !ok || ev.Event.Type() == studentv1.EventTypeDeleted || ev.Data.Spec != s.Spec || string(s.UID) != ev.Data.Metadata.UID {
-			return fmt.Errorf("%s (%s): last event %s %+v, want its current spec %+v", s.Name, s.UID, ev.Event.Type(), ev.Data.Spec, s.Spec)
-		}
-	}
-	for name, ev := range last {
-		if !live[name] && ev.Event.Type() != studentv1.EventTypeDeleted {
-			return fmt.Errorf("%s is gone, but its last event is %s", name, ev.Event.Type())
-		}
-	}
-	return nil
+	return r.Err()
 }

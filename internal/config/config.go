@@ -15,6 +15,7 @@ import (
 	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+	"k8s.io/apimachinery/pkg/labels"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 )
@@ -334,6 +335,22 @@ func NewServicesLoader(fs *pflag.FlagSet) *Loader {
 	return l
 }
 
+// NewVerifyLoader returns the Loader of `student-bridge verify`: the NATS
+// connection flags, where the Kubernetes API is, which Students the bridge
+// watches, its cluster name and its record store.
+func NewVerifyLoader(fs *pflag.FlagSet) *Loader {
+	l := newLoader()
+	l.validate = (*Config).validateVerify
+	l.addFlags(fs, connectionSettings())
+	for _, s := range Settings {
+		switch s.Key {
+		case "kubeconfig", "master", "cluster", "namespaces", "labelSelector", "state.bucket":
+			l.addFlags(fs, []Setting{s})
+		}
+	}
+	return l
+}
+
 // NewReleaseLoader returns the Loader of `student-bridge release-finalizers`:
 // where the Kubernetes API is, which Students the bridge watched and its
 // leader election Lease.
@@ -624,6 +641,22 @@ func (c *Config) validateRelease() error {
 		return bad("leaderElection.id", "must be set when leader election is enabled")
 	case c.LeaderElection.Enabled && c.LeaderElection.RetryPeriod <= 0:
 		return bad("leaderElection.retryPeriod", "%s must be positive", c.LeaderElection.RetryPeriod)
+	}
+	if c.Kubeconfig != "" {
+		if _, err := os.Stat(c.Kubeconfig); err != nil {
+			return bad("kubeconfig", "%v", err)
+		}
+	}
+	return nil
+}
+
+// validateVerify checks the keys `student-bridge verify` uses.
+func (c *Config) validateVerify() error {
+	if err := c.validateConnection(); err != nil {
+		return err
+	}
+	if _, err := labels.Parse(c.LabelSelector); err != nil {
+		return bad("labelSelector", "%v", err)
 	}
 	if c.Kubeconfig != "" {
 		if _, err := os.Stat(c.Kubeconfig); err != nil {

@@ -1,0 +1,161 @@
+package bridge_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/bridgetest"
+	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/verify"
+	"github.com/student-bridge/student-bridge/reconciler"
+	"github.com/student-bridge/student-bridge/sink/natssink"
+)
+
+// verifySource is what `student-bridge verify` reads for cfg.
+func verifySource(cfg *config.Config, nc *nats.Conn) verify.Source {
+	return verify.Source{NATS: nc, Stream: cfg.NATS.Stream.Name, Bucket: cfg.State.Bucket, Kube: st.Client, Namespaces: cfg.Namespaces, Cluster: cfg.Cluster}
+}
+
+// TestVerifyFindsEachKindOfDrift: verify finds nothing in what a bridge
+// published, and then each kind of drift made to happen for real: events
+// deleted from the stream (a Student's last, and one in the middle of
+// another's), a delete no bridge saw (finalizer removed, record removed),
+// an event with a stale spec published under the bridge's subject, and an
+// event published again after the stream's duplicate window.
+func TestVerifyFindsEachKindOfDrift(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "verify")
+	cfg.NATS.Stream.Duplicates = time.Second
+	stop := startBridge(t, cfg)
+	nc := natsConn(t)
+	for _, n := range []string{"a", "b", "d", "e", "f"} {
+		if err := st.Client.Create(ctx, newStudent(ns, n, n, "china")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStream(t, nc, cfg.NATS.Stream.Name, 5)
+	for i, n := range []string{"b", "d", "d"} {
+		bridgetest.Patch(t, st.Client, getStudent(t, ns, n), func(s *studentv1.Student) { s.Spec.School = fmt.Sprint("school-", i) })
+		waitStream(t, nc, cfg.NATS.Stream.Name, 6+i)
+	}
+	waitFor(t, "verify to find nothing in what the bridge published", func() error {
+		r, err := verify.Verify(ctx, verifySource(cfg, nc), verify.Options{})
+		if err == nil && r.Events != 8 {
+			err = fmt.Errorf("read %d events, want 8", r.Events)
+		}
+		if err == nil {
+			err = r.Err()
+		}
+		return err
+	})
+	stop()
+
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, cfg.NATS.Stream.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := stack.StreamEvents(ctx, nc, cfg.NATS.Stream.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	of := func(name string) []stack.Received {
+		var out []stack.Received
+		for _, e := range events {
+			if e.Data.Metadata.Name == name {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+	// b: both its events leave the stream; d: the first of its updates.
+	for _, e := range append(of("b"), of("d")[1]) {
+		if err := stream.DeleteMsg(ctx, e.Sequence); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// a: deleted while no bridge runs, its finalizer and its record gone.
+	a := getStudent(t, ns, "a")
+	bridgetest.Patch(t, st.Client, a, func(s *studentv1.Student) { s.Finalizers = nil })
+	if err := st.Client.Delete(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	records, err := js.KeyValue(ctx, cfg.State.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := records.Delete(ctx, string(a.UID)); err != nil {
+		t.Fatal(err)
+	}
+	// e: an event with its old spec, as if published by a stray writer.
+	e := getStudent(t, ns, "e")
+	stale := e.DeepCopy()
+	stale.Spec.School = "nowhere"
+	created := of("e")[0]
+	ev, err := reconciler.NewEvent(cfg.Cluster, studentv1.EventTypeUpdated, "stale-"+created.Event.ID(), stale, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reconciler.Chain(&ev, 2, created.Event.ID())
+	publish := func(msg *nats.Msg) {
+		t.Helper()
+		if _, err := js.PublishMsg(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msg, err := natssink.EncodeMsg(ctx, ev, cfg.NATS.SubjectPrefix+"."+studentv1.OperationUpdated, natssink.Encoding(cfg.NATS.Encoding))
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(msg)
+	// f: its created event again, once the duplicate window has passed.
+	time.Sleep(1500 * time.Millisecond)
+	f := of("f")[0]
+	publish(&nats.Msg{Subject: f.Subject, Header: f.Header, Data: mustRaw(t, stream, f.Sequence)})
+
+	r, err := verify.Verify(ctx, verifySource(cfg, nc), verify.Options{Settle: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range r.Findings {
+		got = append(got, string(f.Kind)+" "+f.Name)
+	}
+	want := []string{"lost delete a", "missing b", "stale record b", "gap d", "missing e", "stale record e", "duplicate f"}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("findings %q, want %q; report:\n%+v", got, want, r.Findings)
+	}
+	if r.Err() == nil {
+		t.Error("a report with drift has no error")
+	}
+	var out bytes.Buffer
+	if err := verify.Print(&out, r); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("verify's report:\n%s", out.String())
+}
+
+// mustRaw returns the stored body of the message at seq.
+func mustRaw(t *testing.T, stream jetstream.Stream, seq uint64) []byte {
+	t.Helper()
+	raw, err := stream.GetMsg(context.Background(), seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw.Data
+}
