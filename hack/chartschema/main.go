@@ -171,6 +171,16 @@ func valuesSchema() obj {
 		"finalizerPolicy": object("The MutatingAdmissionPolicy adding the bridge's finalizer to new Students.", obj{
 			"enabled": boolean("Render it (only while config.deletes.holdWithFinalizer is true)."),
 		}),
+		"verify": object("`student-bridge verify` as a CronJob that fails on drift.", obj{
+			"schedule": str("A cron schedule; empty renders no CronJob."),
+			"settle":   obj{"type": "string", "pattern": `^([0-9]+(ms|s|m|h))+$`, "description": "How long before findings are checked again."},
+			"strict":   boolean("Count Students with no event as missing even when older events left the stream."),
+			"natsAuth": object("The NATS user and password verify reads with; an empty secretName uses the bridge's credential.", obj{
+				"secretName":  str("The Secret; empty uses natsAuth's."),
+				"user":        str("NATS user name."),
+				"passwordKey": secretKey("the password"),
+			}),
+		}),
 		"releaseFinalizersOnUninstall": boolean("Run the post-delete Job that removes the bridge's finalizer from every Student."),
 		"serviceAccount": object("The bridge's ServiceAccount.", obj{
 			"create":      boolean("Create it."),

@@ -2,6 +2,7 @@ package verify
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -128,8 +129,8 @@ func readStudents(ctx context.Context, src Source) ([]studentv1.Student, error) 
 }
 
 // readStream reads every message of the stream up to its last sequence at
-// the start, with an ordered consumer (one server-side consumer, deleted
-// after; no acknowledgements).
+// the start, through a consumer of its own (in memory, no
+// acknowledgements) that it deletes after.
 func readStream(ctx context.Context, src Source, st *State) error {
 	js, err := jetstream.New(src.NATS)
 	if err != nil {
@@ -147,17 +148,27 @@ func readStream(ctx context.Context, src Source, st *State) error {
 	if info.State.Msgs == 0 {
 		return nil
 	}
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
+	name := "verify-" + rand.Text()
+	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		Name:              name,
+		Description:       "student-bridge verify, reading the stream once",
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		InactiveThreshold: time.Minute,
+		Replicas:          1,
+		MemoryStorage:     true,
+	})
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", src.Stream, err)
 	}
+	defer func() { _ = stream.DeleteConsumer(context.WithoutCancel(ctx), name) }()
 	it, err := cons.Messages()
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", src.Stream, err)
 	}
 	defer it.Stop()
 	source := reconciler.Source(src.Cluster)
-	read := 0
+	var read uint64
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
@@ -167,13 +178,19 @@ func readStream(ctx context.Context, src Source, st *State) error {
 		if err != nil {
 			return err
 		}
+		// Nothing acknowledges, so nothing would deliver again a message
+		// lost on the way: a break in the consumer's count is an error,
+		// not a gap in the stream.
+		if read++; md.Sequence.Consumer != read {
+			return fmt.Errorf("stream %s: message %d came as %d of the reading", src.Stream, read, md.Sequence.Consumer)
+		}
 		if e, err := decode(msg); err != nil {
 			st.Unreadable++
 		} else if e.source == source && src.inScope(e.Data.Metadata.Namespace) {
 			e.StreamSequence = md.Sequence.Stream
 			st.Events = append(st.Events, e.Event)
 		}
-		if read++; src.Progress != nil && read%ProgressEvery == 0 {
+		if src.Progress != nil && read%ProgressEvery == 0 {
 			fmt.Fprintf(src.Progress, "read %d of %d events of stream %s\n", read, info.State.Msgs, src.Stream)
 		}
 		if md.Sequence.Stream >= info.State.LastSeq || md.NumPending == 0 {
@@ -253,9 +270,9 @@ func Print(w io.Writer, r Report) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	records := "record store not read"
 	if r.RecordsRead {
-		records = fmt.Sprintf("%d records", r.Records)
+		records = plural(r.Records, "record")
 	}
-	fmt.Fprintf(tw, "read %d events (stream sequences %d to %d), %d Students, %s\n", r.Events, r.FirstSequence, r.LastSequence, r.Students, records)
+	fmt.Fprintf(tw, "read %s (stream sequences %d to %d), %s, %s\n", plural(r.Events, "event"), r.FirstSequence, r.LastSequence, plural(r.Students, "Student"), records)
 	if r.Unreadable > 0 {
 		fmt.Fprintf(tw, "%d messages of the stream are not Student CloudEvents (left out)\n", r.Unreadable)
 	}
@@ -283,8 +300,17 @@ func Print(w io.Writer, r Report) error {
 		fmt.Fprintln(tw, "no findings: the stream, the record store and the Students agree")
 	case drift == 0:
 		fmt.Fprintf(tw, "no drift (%s: their events may have left the stream; --strict counts them as missing)\n", strings.Join(parts, ", "))
+	case len(r.Findings) == 1:
+		fmt.Fprintf(tw, "1 finding: %s\n", strings.Join(parts, ", "))
 	default:
 		fmt.Fprintf(tw, "%d findings: %s\n", len(r.Findings), strings.Join(parts, ", "))
 	}
 	return tw.Flush()
+}
+
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
