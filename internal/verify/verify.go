@@ -34,9 +34,9 @@ const (
 	// Duplicate: one CloudEvent id more than once in the stream (the
 	// stream's duplicate window had passed).
 	Duplicate Kind = "duplicate"
-	// Gap: a Student's events skip a number of its sequence (or name a
-	// previous event that is not the one before them): an event is not
-	// in the stream.
+	// Gap: a Student's events skip or repeat a number of its sequence (or
+	// name a previous event that is not the one before them): an event is
+	// not in the stream, or was numbered twice.
 	Gap Kind = "gap"
 	// OutOfOrder: an event of an older generation after a newer one, or a
 	// change after the Student's deleted event.
