@@ -23,7 +23,7 @@ func TestMain(m *testing.M) {
 	os.Exit(stack.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
 }
 
-// TestRosterWalkthrough is the README's walkthrough: with the example
+// TestRosterWalkthrough is the walkthrough of docs/services.md: with the example
 // running, the Student shows 1/1; stopped, an edit shows 0/1 (Behind);
 // started again, it catches up: 1/1.
 func TestRosterWalkthrough(t *testing.T) {

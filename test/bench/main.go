@@ -528,7 +528,7 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 
 // removeStudents deletes what a run left in its namespace, so that later runs
 // do not carry its Students. (The API server and etcd still carry some of
-// the work of a heavy run; see the README.) The bridge has stopped, so its
+// the work of a heavy run; see docs/performance.md.) The bridge has stopped, so its
 // finalizers are removed by hand.
 func removeStudents(ctx context.Context, e *env, ns string) error {
 	var list studentv1.StudentList

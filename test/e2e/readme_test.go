@@ -6,20 +6,23 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
-// TestREADMECommands runs the README's commands, so the README cannot drift
-// from the code: every `bin/kubectl` line of its sh blocks, in order, against
-// `student-bridge dev` (`kubectl edit` with an editor that makes the README's
-// edit), and every `bin/student-bridge` line with --help appended, which
-// fails on an unknown command or flag. `kubectl get stu` must print the
-// columns the README shows.
+// TestREADMECommands runs the commands of the README and of docs/, so they
+// cannot drift from the code: every `bin/kubectl` line of their sh blocks,
+// in order, against `student-bridge dev` (`kubectl edit` with an editor that
+// makes the README's edit), and every `bin/student-bridge` line with --help
+// appended, which fails on an unknown command or flag. `kubectl get stu`
+// must print the columns the page shows.
 func TestREADMECommands(t *testing.T) {
 	lines := readmeCommands(t)
 	dir := t.TempDir()
@@ -61,7 +64,7 @@ func TestREADMECommands(t *testing.T) {
 			return nil
 		})
 		if err != nil {
-			t.Fatalf("README line %d: %s: %v", l.line, l.cmd, err)
+			t.Fatalf("%s line %d: %s: %v", l.file, l.line, l.cmd, err)
 		}
 		ran[strings.Fields(l.cmd)[0]]++
 		if strings.HasPrefix(l.cmd, "bin/kubectl get stu") {
@@ -69,7 +72,7 @@ func TestREADMECommands(t *testing.T) {
 		}
 	}
 	if ran["bin/kubectl"] < 5 || ran["bin/student-bridge"] < 3 {
-		t.Errorf("ran %v: the README's sh blocks were not found", ran)
+		t.Errorf("ran %v: the docs' sh blocks were not found", ran)
 	}
 	if err := p.stop(t, syscall.SIGTERM); err != nil {
 		t.Errorf("dev exited with %v", err)
@@ -77,20 +80,37 @@ func TestREADMECommands(t *testing.T) {
 }
 
 type readmeLine struct {
+	file string // README.md or docs/<page>.md
 	line int
 	cmd  string
 	// header is the table the README shows below the command, if any.
 	header string
 }
 
-// readmeCommands returns the lines of the README's sh blocks, comments cut.
+// readmeCommands returns the lines of the sh blocks of the README and then
+// of every page of docs/ (in name order), comments cut.
 func readmeCommands(t *testing.T) []readmeLine {
 	t.Helper()
-	f, err := os.Open(filepath.Join(stack.RepoRoot(), "README.md"))
+	pages, err := filepath.Glob(filepath.Join(stack.RepoRoot(), "docs", "*.md"))
+	if err != nil || len(pages) == 0 {
+		t.Fatalf("no pages in docs/: %v", err)
+	}
+	var out []readmeLine
+	for _, path := range append([]string{filepath.Join(stack.RepoRoot(), "README.md")}, pages...) {
+		out = append(out, shLines(t, path)...)
+	}
+	return out
+}
+
+// shLines returns the lines of the sh blocks of one Markdown file.
+func shLines(t *testing.T, path string) []readmeLine {
+	t.Helper()
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
+	file, _ := filepath.Rel(stack.RepoRoot(), path)
 	var out []readmeLine
 	in := false
 	sc := bufio.NewScanner(f)
@@ -105,7 +125,7 @@ func readmeCommands(t *testing.T) []readmeLine {
 			out[len(out)-1].header = strings.Join(strings.Fields(strings.TrimPrefix(text, "#")), " ")
 		case in && strings.TrimSpace(text) != "" && !strings.HasPrefix(text, "#"):
 			cmd, _, _ := strings.Cut(text, "#")
-			out = append(out, readmeLine{line: n, cmd: strings.TrimSpace(cmd)})
+			out = append(out, readmeLine{file: file, line: n, cmd: strings.TrimSpace(cmd)})
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -121,6 +141,63 @@ func checkColumns(t *testing.T, l readmeLine, out string) {
 	}
 	first, _, _ := strings.Cut(out, "\n")
 	if got := strings.Join(strings.Fields(first), " "); got != l.header {
-		t.Errorf("README line %d: %s prints columns %q, the README shows %q", l.line, l.cmd, got, l.header)
+		t.Errorf("%s line %d: %s prints columns %q, the page shows %q", l.file, l.line, l.cmd, got, l.header)
 	}
+}
+
+var (
+	mdLink    = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	mdHeading = regexp.MustCompile("(?m)^#+ (.+)$")
+)
+
+// TestDocsLinks: every relative link of the README and of docs/ names a
+// file that exists, and a #section of it that is a heading there (as
+// GitHub makes anchors of headings).
+func TestDocsLinks(t *testing.T) {
+	root := stack.RepoRoot()
+	pages, _ := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	for _, page := range append([]string{filepath.Join(root, "README.md")}, pages...) {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name, _ := filepath.Rel(root, page)
+		for _, m := range mdLink.FindAllStringSubmatch(string(b), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") {
+				continue
+			}
+			file, anchor, _ := strings.Cut(target, "#")
+			path := page
+			if file != "" {
+				path = filepath.Join(filepath.Dir(page), file)
+			}
+			linked, err := os.ReadFile(path)
+			if err != nil {
+				t.Errorf("%s links %s: %v", name, target, err)
+				continue
+			}
+			if anchor != "" && !slices.Contains(anchors(string(linked)), anchor) {
+				t.Errorf("%s links %s: no such heading in %s (%v)", name, target, file, anchors(string(linked)))
+			}
+		}
+	}
+}
+
+// anchors are the GitHub anchors of a Markdown file's headings.
+func anchors(md string) []string {
+	var out []string
+	for _, m := range mdHeading.FindAllStringSubmatch(md, -1) {
+		a := strings.Map(func(r rune) rune {
+			switch {
+			case r == ' ':
+				return '-'
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				return unicode.ToLower(r)
+			}
+			return -1
+		}, m[1])
+		out = append(out, a)
+	}
+	return out
 }
