@@ -1,5 +1,12 @@
 package reconciler
 
+// The status view, top to bottom: a reconcile (or a receipt, or a failure)
+// calls StatusWriter.Enqueue; the writer, on its budget, asks the view
+// function (StudentReconciler.View) for what the Student should show,
+// which is StatusView of its record and last failure (with
+// publishedCondition) and the services' receipts (Receipts.ApplyTo, in
+// receipts.go), and writes it if it differs from what the Student shows.
+
 import (
 	"context"
 	"fmt"
@@ -195,4 +202,42 @@ func StatusView(stu *studentv1.Student, last *studentv1.PublishedEvent, failure 
 	s.ObservedGeneration = stu.Generation
 	meta.SetStatusCondition(&s.Conditions, publishedCondition(stu, last, failure))
 	return s
+}
+
+// View is the status stu should show now: StatusView of its record and last
+// failure.
+func (r *StudentReconciler) View(stu *studentv1.Student) studentv1.StudentStatus {
+	var failure error
+	if v, ok := r.failures.Load(client.ObjectKeyFromObject(stu)); ok {
+		failure = v.(error)
+	}
+	last := lastPublished(r.Records.Get(stu.UID))
+	s := StatusView(stu, last, failure)
+	r.Receipts.ApplyTo(&s, string(stu.UID), last)
+	return s
+}
+
+// publishedCondition is the Published condition of stu: False with the
+// last failure, True once what was last published is its current state,
+// Unknown (Pending) before.
+func publishedCondition(stu *studentv1.Student, last *studentv1.PublishedEvent, pubErr error) metav1.Condition {
+	c := metav1.Condition{
+		Type:               studentv1.ConditionPublished,
+		ObservedGeneration: stu.Generation,
+	}
+	switch {
+	case pubErr != nil:
+		c.Status = metav1.ConditionFalse
+		c.Reason = failureReason(pubErr)
+		c.Message = pubErr.Error()
+	case last != nil && NextChange(stu, last) == "":
+		c.Status = metav1.ConditionTrue
+		c.Reason = studentv1.ReasonPublished
+		c.Message = fmt.Sprintf("%s %s published as stream sequence %d", last.Type, last.ID, last.Sequence)
+	default:
+		c.Status = metav1.ConditionUnknown
+		c.Reason = "Pending"
+		c.Message = "the current state is not published yet"
+	}
+	return c
 }

@@ -459,19 +459,6 @@ func failureReason(err error) string {
 	return studentv1.ReasonPublishFailed
 }
 
-// View is the status stu should show now: StatusView of its record and last
-// failure.
-func (r *StudentReconciler) View(stu *studentv1.Student) studentv1.StudentStatus {
-	var failure error
-	if v, ok := r.failures.Load(client.ObjectKeyFromObject(stu)); ok {
-		failure = v.(error)
-	}
-	last := lastPublished(r.Records.Get(stu.UID))
-	s := StatusView(stu, last, failure)
-	r.Receipts.ApplyTo(&s, string(stu.UID), last)
-	return s
-}
-
 // removeRecord removes the record of a Student that is gone, and the
 // receipts services wrote about it.
 func (r *StudentReconciler) removeRecord(ctx context.Context, uid types.UID) error {
@@ -479,28 +466,6 @@ func (r *StudentReconciler) removeRecord(ctx context.Context, uid types.UID) err
 		return err
 	}
 	return r.Receipts.Forget(ctx, string(uid))
-}
-
-func publishedCondition(stu *studentv1.Student, last *studentv1.PublishedEvent, pubErr error) metav1.Condition {
-	c := metav1.Condition{
-		Type:               studentv1.ConditionPublished,
-		ObservedGeneration: stu.Generation,
-	}
-	switch {
-	case pubErr != nil:
-		c.Status = metav1.ConditionFalse
-		c.Reason = failureReason(pubErr)
-		c.Message = pubErr.Error()
-	case last != nil && NextChange(stu, last) == "":
-		c.Status = metav1.ConditionTrue
-		c.Reason = studentv1.ReasonPublished
-		c.Message = fmt.Sprintf("%s %s published as stream sequence %d", last.Type, last.ID, last.Sequence)
-	default:
-		c.Status = metav1.ConditionUnknown
-		c.Reason = "Pending"
-		c.Message = "the current state is not published yet"
-	}
-	return c
 }
 
 func (r *StudentReconciler) now() time.Time {
