@@ -25,12 +25,13 @@ import (
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/services"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 var st *stack.Stack
 
 func TestMain(m *testing.M) {
-	os.Exit(stack.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
+	os.Exit(stacktest.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
 }
 
 // world is a namespace watched by a bridge of its own.
@@ -133,7 +134,7 @@ func mirrorState(m *consumer.Mirror) map[string]string {
 func waitSame(t *testing.T, ns string, m *consumer.Mirror) map[string]string {
 	t.Helper()
 	var want map[string]string
-	if err := stack.Eventually(60*time.Second, func() error {
+	if err := stacktest.Eventually(60*time.Second, func() error {
 		want = apiState(t, ns)
 		if got := mirrorState(m); fmt.Sprint(got) != fmt.Sprint(want) {
 			return fmt.Errorf("mirror holds %d Students, the API server %d; differ: %v", len(got), len(want), diff(got, want))
@@ -176,8 +177,8 @@ func create(t *testing.T, ns, name, school string) *studentv1.Student {
 // waitPublished waits until the stream holds n events.
 func (w *world) waitPublished(t *testing.T, n int) {
 	t.Helper()
-	if err := stack.Eventually(60*time.Second, func() error {
-		evs, err := stack.StreamEvents(context.Background(), w.nc, w.cfg.NATS.Stream.Name)
+	if err := stacktest.Eventually(60*time.Second, func() error {
+		evs, err := stacktest.StreamEvents(context.Background(), w.nc, w.cfg.NATS.Stream.Name)
 		if err != nil {
 			return err
 		}
@@ -197,7 +198,7 @@ func (w *world) waitAcked(t *testing.T, service string, seq uint64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := stack.Eventually(30*time.Second, func() error {
+	if err := stacktest.Eventually(30*time.Second, func() error {
 		c, err := js.Consumer(context.Background(), w.cfg.NATS.Stream.Name, service)
 		if err != nil {
 			return err
@@ -223,7 +224,7 @@ func (w *world) waitSequences(t *testing.T, first, last uint64) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := stack.Eventually(60*time.Second, func() error {
+	if err := stacktest.Eventually(60*time.Second, func() error {
 		s, err := js.Stream(context.Background(), w.cfg.NATS.Stream.Name)
 		if err != nil {
 			return err
@@ -429,7 +430,7 @@ func TestMirrorRetriesAndReports(t *testing.T) {
 	other := create(t, w.ns, "other", "china")
 	waitStudent(t, other, inSync("1/1"))
 	waitStudent(t, stubborn, inSync("1/1"))
-	if err := stack.Eventually(10*time.Second, func() error {
+	if err := stacktest.Eventually(10*time.Second, func() error {
 		rows := report()
 		if r := rows["roster"]; r.InSync != 2 || r.Behind != 0 || r.Failed != 0 || !r.Consumer || r.Pending != 0 || r.AckedSequence != 2 {
 			return fmt.Errorf("roster: %+v", r)
@@ -483,7 +484,7 @@ func inSync(want string) func(*studentv1.Student) error {
 
 func waitStudent(t *testing.T, s *studentv1.Student, cond func(*studentv1.Student) error) {
 	t.Helper()
-	if err := stack.Eventually(30*time.Second, func() error { return cond(getFresh(t, s)) }); err != nil {
+	if err := stacktest.Eventually(30*time.Second, func() error { return cond(getFresh(t, s)) }); err != nil {
 		t.Fatalf("%s: %v", s.Name, err)
 	}
 }

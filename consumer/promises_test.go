@@ -15,7 +15,7 @@ import (
 	"github.com/student-bridge/student-bridge/consumer"
 	"github.com/student-bridge/student-bridge/internal/bridgetest"
 	"github.com/student-bridge/student-bridge/internal/config"
-	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // failingFor is a recorder whose handler fails the changes of the Student
@@ -81,7 +81,7 @@ func TestMirrorAcksOnlyHandledEvents(t *testing.T) {
 	w.waitPublished(t, 1) // first's event is sequence 1
 	second := create(t, w.ns, "second", "china")
 	w.waitPublished(t, 2)
-	waitFor(t, "second applied while first fails", func() error {
+	stacktest.WaitFor(t, "second applied while first fails", func() error {
 		if _, ok := m.State()[string(second.UID)]; !ok {
 			return errors.New("second not applied")
 		}
@@ -108,7 +108,7 @@ func TestMirrorHoldsBackOnlyTheFailingStudent(t *testing.T) {
 	})
 	w.waitAcked(t, "roster", 0)
 	stubborn := create(t, w.ns, "stubborn", "china")
-	waitFor(t, "stubborn's first change failed", func() error {
+	stacktest.WaitFor(t, "stubborn's first change failed", func() error {
 		if n := len(schools(rec.snapshot(), "stubborn")); n == 0 {
 			return errors.New("not handed over yet")
 		}
@@ -118,14 +118,14 @@ func TestMirrorHoldsBackOnlyTheFailingStudent(t *testing.T) {
 	bridgetest.Patch(t, st.Client, stubborn.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
 	other := create(t, w.ns, "other", "china")
 	w.waitPublished(t, 4)
-	waitFor(t, "other applied while stubborn waits", func() error {
+	stacktest.WaitFor(t, "other applied while stubborn waits", func() error {
 		if _, ok := m.State()[string(other.UID)]; !ok {
 			return errors.New("other not applied")
 		}
 		return nil
 	})
 	failing.Store(false)
-	waitFor(t, "stubborn applied at its newest state", func() error {
+	stacktest.WaitFor(t, "stubborn applied at its newest state", func() error {
 		if d, ok := m.State()[string(stubborn.UID)]; !ok || d.Spec.School != "tsinghua" {
 			return fmt.Errorf("stubborn applied: %+v", d)
 		}
@@ -149,7 +149,7 @@ func TestMirrorSkipsUnchangedSnapshots(t *testing.T) {
 	a := create(t, w.ns, "a", "china")
 	create(t, w.ns, "b", "china")
 	w.waitPublished(t, 2)
-	waitFor(t, "both applied", func() error {
+	stacktest.WaitFor(t, "both applied", func() error {
 		if n := len(m.State()); n != 2 {
 			return fmt.Errorf("%d applied", n)
 		}
@@ -174,7 +174,7 @@ func TestMirrorSkipsUnchangedSnapshots(t *testing.T) {
 	}
 	bridgetest.Patch(t, st.Client, a.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = "peking" })
 	w.waitPublished(t, 5)
-	waitFor(t, "the update applied", func() error {
+	stacktest.WaitFor(t, "the update applied", func() error {
 		if got := schools(rec.snapshot(), "a"); fmt.Sprint(got) != "[peking]" {
 			return fmt.Errorf("a handed over as %v, want [peking]", got)
 		}
@@ -187,13 +187,6 @@ func (r *recorder) snapshot() []consumer.Change {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]consumer.Change(nil), r.changes...)
-}
-
-func waitFor(t *testing.T, what string, cond func() error) {
-	t.Helper()
-	if err := stack.Eventually(30*time.Second, cond); err != nil {
-		t.Fatalf("%s: %v", what, err)
-	}
 }
 
 // TestRestartedMirrorAsksForASnapshot: a service that was stopped while

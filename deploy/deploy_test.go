@@ -22,6 +22,7 @@ import (
 
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 var (
@@ -30,7 +31,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(stack.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
+	os.Exit(stacktest.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
 }
 
 // render runs the built `kubectl kustomize` on deploy/<overlay>.

@@ -32,6 +32,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 var chartDir = filepath.Join(stack.RepoRoot(), "deploy", "helm", "student-bridge")
@@ -451,7 +452,7 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 	// The finalizer policy adds the finalizer in the watched namespace,
 	// and only there.
 	held := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: watched, Name: "held"}, Spec: studentv1.StudentSpec{Name: "wang", School: "china"}}
-	if err := stack.Eventually(time.Minute, func() error {
+	if err := stacktest.Eventually(time.Minute, func() error {
 		probe := held.DeepCopy()
 		if err := st.Client.Create(ctx, probe, client.DryRunAll); err != nil {
 			return err
@@ -521,7 +522,7 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 		done <- err
 	}()
 	var job batchv1.Job
-	if err := stack.Eventually(time.Minute, func() error { return get(&job, ns, name+"-release") }); err != nil {
+	if err := stacktest.Eventually(time.Minute, func() error { return get(&job, ns, name+"-release") }); err != nil {
 		t.Fatalf("no post-delete Job: %v", err)
 	}
 	if err := admitPod(ns, "release", job.Spec.Template.Spec); err != nil {
@@ -579,7 +580,7 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 	if err := st.Client.Delete(ctx, &h); err != nil {
 		t.Fatal(err)
 	}
-	if err := stack.Eventually(10*time.Second, func() error {
+	if err := stacktest.Eventually(10*time.Second, func() error {
 		if err := get(&studentv1.Student{}, watched, held.Name); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("Student %s cannot be deleted (%v)", held.Name, err)
 		}

@@ -27,6 +27,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/tail"
 	"github.com/student-bridge/student-bridge/internal/verify"
 )
@@ -105,7 +106,7 @@ func expectViolation(t *testing.T, nc *nats.Conn, errs func() []string, subject 
 		t.Fatal(err)
 	}
 	_ = nc.Flush()
-	if err := stack.Eventually(5*time.Second, func() error {
+	if err := stacktest.Eventually(5*time.Second, func() error {
 		for _, e := range errs() {
 			if strings.Contains(strings.ToLower(e), "permissions violation") && strings.Contains(e, subject) {
 				return nil
@@ -137,10 +138,7 @@ func checkBridgeAndConsumer(t *testing.T, url string) {
 	if err := os.WriteFile(pwFile, []byte("bridge-secret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "nats-config-check-"}}
-	if err := st.Client.Create(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
+	ns := stacktest.Namespace(t, st.Client, "nats-config-check")
 	cfg, err := config.New(nil).Load("")
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +146,7 @@ func checkBridgeAndConsumer(t *testing.T, url string) {
 	cfg.NATS.URLs = url
 	cfg.NATS.Auth.User = "bridge"
 	cfg.NATS.Auth.PasswordFile = pwFile
-	cfg.Namespaces = []string{ns.Name}
+	cfg.Namespaces = []string{ns}
 	cfg.LeaderElection.Enabled = false
 	cfg.MetricsAddr, cfg.HealthAddr = "0", "0"
 	runCtx, cancel := context.WithCancel(ctx)
@@ -161,21 +159,21 @@ func checkBridgeAndConsumer(t *testing.T, url string) {
 		}
 	}()
 
-	stu := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "object-name"}, Spec: studentv1.StudentSpec{Name: "wang", School: "china"}}
+	stu := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "object-name"}, Spec: studentv1.StudentSpec{Name: "wang", School: "china"}}
 	if err := st.Client.Create(ctx, stu); err != nil {
 		t.Fatal(err)
 	}
 
 	consumer, consumerErrs := connectAs(t, url, "consumer", "consumer-secret")
 	var out bytes.Buffer
-	if err := stack.Eventually(30*time.Second, func() error {
+	if err := stacktest.Eventually(30*time.Second, func() error {
 		out.Reset()
 		tctx, tcancel := context.WithTimeout(ctx, 10*time.Second)
 		defer tcancel()
 		if err := tail.Run(tctx, consumer, tail.Options{Stream: "STUDENTS", Subjects: []string{"student.>"}, Deliver: tail.DeliverAll, Out: &out}); err != nil {
 			return err
 		}
-		if !strings.Contains(out.String(), "created  "+ns.Name+"/object-name") {
+		if !strings.Contains(out.String(), "created  "+ns+"/object-name") {
 			return fmt.Errorf("consumer read %q", out.String())
 		}
 		return nil
@@ -186,7 +184,7 @@ func checkBridgeAndConsumer(t *testing.T, url string) {
 	// The record store works with the shipped permissions: the record is
 	// written, and removed once the Student's deletion is published.
 	bridgeKV := bridgeBucket(t, url, "STUDENT_BRIDGE_PUBLISHED")
-	if err := stack.Eventually(30*time.Second, func() error {
+	if err := stacktest.Eventually(30*time.Second, func() error {
 		_, err := bridgeKV.Get(ctx, string(stu.UID))
 		return err
 	}); err != nil {
@@ -195,7 +193,7 @@ func checkBridgeAndConsumer(t *testing.T, url string) {
 	if err := st.Client.Delete(ctx, stu); err != nil {
 		t.Fatal(err)
 	}
-	if err := stack.Eventually(30*time.Second, func() error {
+	if err := stacktest.Eventually(30*time.Second, func() error {
 		if _, err := bridgeKV.Get(ctx, string(stu.UID)); !errors.Is(err, jetstream.ErrKeyNotFound) && !errors.Is(err, jetstream.ErrKeyDeleted) {
 			return fmt.Errorf("record still there after the delete (%v)", err)
 		}
@@ -229,7 +227,7 @@ func checkBridgeAndConsumer(t *testing.T, url string) {
 			t.Errorf("mirror as roster: %v", err)
 		}
 	}()
-	second := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "second"}, Spec: studentv1.StudentSpec{Name: "li", School: "china"}}
+	second := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "second"}, Spec: studentv1.StudentSpec{Name: "li", School: "china"}}
 	if err := st.Client.Create(ctx, second); err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +247,7 @@ func checkBridgeAndConsumer(t *testing.T, url string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := stack.Eventually(30*time.Second, func() error {
+	if err := stacktest.Eventually(30*time.Second, func() error {
 		_, err := receipts.Get(ctx, studentv1.ReceiptKey("roster", string(second.UID)))
 		return err
 	}); err != nil {
@@ -269,8 +267,8 @@ func checkBridgeAndConsumer(t *testing.T, url string) {
 	// verify reads all it compares as either user, and finds the stream
 	// telling the truth.
 	for user, nc := range map[string]*nats.Conn{"consumer": consumer, "bridge": bridgeConn} {
-		src := verify.Source{NATS: nc, Stream: "STUDENTS", Bucket: "STUDENT_BRIDGE_PUBLISHED", Kube: st.Client, Namespaces: []string{ns.Name}, Cluster: cfg.Cluster}
-		if err := stack.Eventually(30*time.Second, func() error {
+		src := verify.Source{NATS: nc, Stream: "STUDENTS", Bucket: "STUDENT_BRIDGE_PUBLISHED", Kube: st.Client, Namespaces: []string{ns}, Cluster: cfg.Cluster}
+		if err := stacktest.Eventually(30*time.Second, func() error {
 			r, err := verify.Verify(ctx, src, verify.Options{})
 			if err != nil {
 				return err
@@ -305,7 +303,7 @@ func bridgeBucket(t *testing.T, url, bucket string) jetstream.KeyValue {
 		t.Fatal(err)
 	}
 	var kv jetstream.KeyValue
-	if err := stack.Eventually(30*time.Second, func() error {
+	if err := stacktest.Eventually(30*time.Second, func() error {
 		kv, err = js.KeyValue(context.Background(), bucket)
 		return err
 	}); err != nil {

@@ -6,11 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync/atomic"
 	"testing"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -22,6 +20,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink"
 	"github.com/student-bridge/student-bridge/sink/sinktest"
@@ -34,10 +33,8 @@ import (
 var st *stack.Stack
 
 func TestMain(m *testing.M) {
-	os.Exit(stack.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
+	os.Exit(stacktest.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
 }
-
-var nsCounter atomic.Int32
 
 // fixture is one reconciler with its fakes, in a namespace of its own.
 type fixture struct {
@@ -50,11 +47,7 @@ type fixture struct {
 
 func newFixture(t *testing.T, holdWithFinalizer bool) *fixture {
 	t.Helper()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: fmt.Sprintf("rec%d-", nsCounter.Add(1))}}
-	if err := st.Client.Create(context.Background(), ns); err != nil {
-		t.Fatal(err)
-	}
-	f := &fixture{t: t, ns: ns.Name, sink: &sinktest.Sink{}, store: &sinktest.Store{}}
+	f := &fixture{t: t, ns: stacktest.Namespace(t, st.Client, "rec"), sink: &sinktest.Sink{}, store: &sinktest.Store{}}
 	f.r = &reconciler.StudentReconciler{
 		Client:            st.Client,
 		Sink:              f.sink,

@@ -19,12 +19,13 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 var st *stack.Stack
 
 func TestMain(m *testing.M) {
-	os.Exit(stack.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
+	os.Exit(stacktest.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
 }
 
 func sample(t *testing.T) *studentv1.Student {

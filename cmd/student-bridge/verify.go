@@ -11,9 +11,9 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/natsconn"
+	"github.com/student-bridge/student-bridge/internal/scheme"
 	"github.com/student-bridge/student-bridge/internal/verify"
 )
 
@@ -78,7 +78,7 @@ on students.example.k8s.io.`,
 			return err
 		}
 		selector, _ := labels.Parse(cfg.LabelSelector) // validated by Load
-		kube, err := client.New(restCfg, client.Options{Scheme: bridge.Scheme()})
+		kube, err := client.New(restCfg, client.Options{Scheme: scheme.New()})
 		if err != nil {
 			return exitError(exitCannotRead, fmt.Errorf("kubernetes client: %w", err))
 		}

@@ -15,12 +15,13 @@ import (
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/bridgetest"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 var st *stack.Stack
 
 func TestMain(m *testing.M) {
-	os.Exit(stack.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
+	os.Exit(stacktest.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
 }
 
 // TestRosterWalkthrough is the walkthrough of docs/services.md: with the example
@@ -29,7 +30,7 @@ func TestMain(m *testing.M) {
 func TestRosterWalkthrough(t *testing.T) {
 	ctx := context.Background()
 	w := bridgetest.Start(t, st, "roster")
-	var out stack.Buffer
+	var out stacktest.Buffer
 	start := func() func() {
 		rctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
@@ -51,7 +52,7 @@ func TestRosterWalkthrough(t *testing.T) {
 	}
 	shows := func(inSync, state string) {
 		t.Helper()
-		if err := stack.Eventually(30*time.Second, func() error {
+		if err := stacktest.Eventually(30*time.Second, func() error {
 			var s studentv1.Student
 			if err := st.Client.Get(ctx, client.ObjectKeyFromObject(stu), &s); err != nil {
 				return err

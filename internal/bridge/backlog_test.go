@@ -13,6 +13,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/shards"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // TestShardBacklog: student_bridge_shard_unpublished shows, per shard the
@@ -34,7 +35,7 @@ func TestShardBacklog(t *testing.T) {
 	}
 	waitStream(t, nc, cfg.NATS.Stream.Name, n)
 	none := map[string]float64{"0": 0, "1": 0, "2": 0, "3": 0}
-	waitFor(t, "every shard held, nothing unpublished", func() error { return backlogIs(none) })
+	stacktest.WaitFor(t, "every shard held, nothing unpublished", func() error { return backlogIs(none) })
 
 	// The stream is full and refuses new events.
 	js, err := jetstream.New(nc)
@@ -61,13 +62,13 @@ func TestShardBacklog(t *testing.T) {
 		t.Fatal(err)
 	}
 	want[strconv.Itoa(shards.Of(ns, "s7", cfg.Shards.Count))]++
-	waitFor(t, "the three changes and the delete counted in their shards", func() error { return backlogIs(want) })
+	stacktest.WaitFor(t, "the three changes and the delete counted in their shards", func() error { return backlogIs(want) })
 
 	if _, err := js.UpdateStream(ctx, open); err != nil {
 		t.Fatal(err)
 	}
 	waitStream(t, nc, cfg.NATS.Stream.Name, n+4)
-	waitFor(t, "nothing unpublished once the stream took them", func() error { return backlogIs(none) })
+	stacktest.WaitFor(t, "nothing unpublished once the stream took them", func() error { return backlogIs(none) })
 }
 
 // backlogIs compares student_bridge_shard_unpublished, by shard, with want.

@@ -15,6 +15,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // TestOversizedEvent: a Student whose event exceeds the server's maximum
@@ -58,7 +59,7 @@ func TestOversizedEvent(t *testing.T) {
 	if got[0].Data.Metadata.Name != "normal" {
 		t.Errorf("published %s, want the normal Student", got[0].Data.Metadata.Name)
 	}
-	waitFor(t, "InvalidEvent on the oversized Student", func() error {
+	stacktest.WaitFor(t, "InvalidEvent on the oversized Student", func() error {
 		c := publishedCondition(getStudent(t, ns, "huge"))
 		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != studentv1.ReasonInvalid || !strings.Contains(c.Message, "too large") {
 			return fmt.Errorf("condition %+v", c)

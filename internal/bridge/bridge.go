@@ -17,8 +17,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -34,17 +32,10 @@ import (
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/kubeevents"
 	"github.com/student-bridge/student-bridge/internal/natsconn"
+	"github.com/student-bridge/student-bridge/internal/scheme"
 	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
-
-// Scheme knows the built-in Kubernetes types and Student.
-func Scheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(s))
-	utilruntime.Must(studentv1.AddToScheme(s))
-	return s
-}
 
 // Run runs the bridge until ctx is cancelled, then shuts down gracefully:
 // in-flight publishes and their record writes finish (bounded by
@@ -264,7 +255,7 @@ func newManager(cfg *config.Config, restCfg *rest.Config, selector labels.Select
 	grace := cfg.ShutdownTimeout
 	le := cfg.LeaderElection
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
-		Scheme:                  Scheme(),
+		Scheme:                  scheme.New(),
 		Cache:                   cacheOpts,
 		Metrics:                 metricsserver.Options{BindAddress: cfg.MetricsAddr},
 		HealthProbeBindAddress:  cfg.HealthAddr,

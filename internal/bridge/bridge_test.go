@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // TestLifecycle follows the tutorial: create the sample Student, edit it,
@@ -26,7 +26,7 @@ func TestLifecycle(t *testing.T) {
 	cfg := testConfig(t, ns, "student")
 	startBridge(t, cfg)
 	nc := natsConn(t)
-	sub, err := stack.Subscribe(nc, "student.*")
+	sub, err := stacktest.Subscribe(nc, "student.*")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestLifecycle(t *testing.T) {
 	}
 
 	// Status and the Normal Event follow the publish.
-	waitFor(t, "status shows the created event", func() error {
+	stacktest.WaitFor(t, "status shows the created event", func() error {
 		s = getStudent(t, ns, "object-name")
 		c := publishedCondition(s)
 		switch {
@@ -75,7 +75,7 @@ func TestLifecycle(t *testing.T) {
 	if !containsString(s.Finalizers, studentv1.Finalizer) {
 		t.Errorf("finalizers %v lack %s", s.Finalizers, studentv1.Finalizer)
 	}
-	waitFor(t, "a Normal Published event naming subject and id", func() error {
+	stacktest.WaitFor(t, "a Normal Published event naming subject and id", func() error {
 		for _, e := range kubeEvents(t, ns, "object-name") {
 			if e.Type == corev1.EventTypeNormal && e.Reason == studentv1.ReasonPublished && strings.Contains(e.Note, "student.created") && strings.Contains(e.Note, ev.ID()) {
 				return nil
@@ -124,7 +124,7 @@ func TestLifecycle(t *testing.T) {
 	if deleted.Subject != "student.deleted" || deleted.Data.Spec.Name != "wang wei" || deleted.Data.Metadata.Labels["grade"] != "3" {
 		t.Errorf("deleted event: %s %+v", deleted.Subject, deleted.Data)
 	}
-	waitFor(t, "the Student is gone", func() error {
+	stacktest.WaitFor(t, "the Student is gone", func() error {
 		err := st.Client.Get(ctx, client.ObjectKeyFromObject(s), &studentv1.Student{})
 		if apierrors.IsNotFound(err) {
 			return nil
@@ -178,13 +178,6 @@ func patch(t *testing.T, s *studentv1.Student, change func(*studentv1.Student)) 
 	change(s)
 	if err := st.Client.Patch(context.Background(), s, client.MergeFrom(orig)); err != nil {
 		t.Fatal(err)
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() error) {
-	t.Helper()
-	if err := stack.Eventually(30*time.Second, cond); err != nil {
-		t.Fatalf("%s: %v", what, err)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/verify"
 )
 
@@ -198,7 +199,7 @@ func testClusterFault(t *testing.T, f clusterFault) {
 			t0 = time.Now()
 			heal = f.inject(t, fault)
 		case 45:
-			waitFor(t, f.name+": the reaction", func() error { return f.reacted(fault) })
+			stacktest.WaitFor(t, f.name+": the reaction", func() error { return f.reacted(fault) })
 		}
 		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%02d", i), "wang", "china")); err != nil {
 			t.Fatal(err)
@@ -214,12 +215,12 @@ func testClusterFault(t *testing.T, f clusterFault) {
 	}
 	agrees := func() error { return streamAgrees(ctx, nc, cfg) }
 	if f.beforeHeal {
-		waitFor(t, "the stream telling the truth about every Student before the fault heals", agrees)
+		stacktest.WaitFor(t, "the stream telling the truth about every Student before the fault heals", agrees)
 	}
 	struck := time.Since(t0)
 	t1 := time.Now()
 	heal()
-	waitFor(t, "the stream telling the truth about every Student", agrees)
+	stacktest.WaitFor(t, "the stream telling the truth about every Student", agrees)
 	t.Logf("fault report: %s (stream leader %s, bridge connected to %s) for %s while 55 Students changed: lost 0, duplicates 0, out of order 0; everything published %s after it healed; publishes failed and retried meanwhile: %v",
 		f.name, fault.leader, fault.connected, struck.Round(100*time.Millisecond), time.Since(t1).Round(100*time.Millisecond), publishErrors(t)-failed)
 }
@@ -252,7 +253,7 @@ func lead(t *testing.T, nc *nats.Conn, stream, name string) {
 		t.Fatal(err)
 	}
 	req := fmt.Sprintf(`{"placement":{"preferred":%q}}`, name)
-	waitFor(t, stream+" led by "+name, func() error {
+	stacktest.WaitFor(t, stream+" led by "+name, func() error {
 		s, err := js.Stream(context.Background(), stream)
 		if err != nil {
 			return err

@@ -17,6 +17,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // runUntilError runs the bridge and returns the error it stops with; it
@@ -100,7 +101,7 @@ func TestNATSMaxReconnects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the bridge's stream", func() error {
+	stacktest.WaitFor(t, "the bridge's stream", func() error {
 		_, err := js.Stream(context.Background(), cfg.NATS.Stream.Name)
 		return err
 	})
@@ -121,22 +122,22 @@ func TestCoreModeAtMostOnce(t *testing.T) {
 	cfg.NATS.Mode = "core"
 	startBridge(t, cfg)
 	nc := natsConn(t)
-	early, err := stack.Subscribe(nc, "core.>")
+	early, err := stacktest.Subscribe(nc, "core.>")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Client.Create(ctx, newStudent(ns, "a", "wang", "china")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the early subscriber gets a's created", func() error { return count(early, 1) })
-	late, err := stack.Subscribe(nc, "core.>")
+	stacktest.WaitFor(t, "the early subscriber gets a's created", func() error { return count(early, 1) })
+	late, err := stacktest.Subscribe(nc, "core.>")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := st.Client.Create(ctx, newStudent(ns, "b", "li", "peking")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "both subscribers get b's created", func() error {
+	stacktest.WaitFor(t, "both subscribers get b's created", func() error {
 		if err := count(early, 2); err != nil {
 			return err
 		}
@@ -154,7 +155,7 @@ func TestCoreModeAtMostOnce(t *testing.T) {
 	}
 }
 
-func count(s *stack.Subscription, want int) error {
+func count(s *stacktest.Subscription, want int) error {
 	got, err := s.Events()
 	if err != nil {
 		return err

@@ -14,7 +14,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
-	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // TestRestartRepublishesNothing: a new bridge on the same cluster and stream
@@ -47,7 +47,7 @@ func testRestartRepublishesNothing(t *testing.T, cfg *config.Config, nc *nats.Co
 	waitStream(t, nc, cfg.NATS.Stream.Name, n)
 	patch(t, getStudent(t, ns, "s0"), func(s *studentv1.Student) { s.Spec.School = "other" })
 	waitStream(t, nc, cfg.NATS.Stream.Name, n+1)
-	waitFor(t, "every status written", func() error {
+	stacktest.WaitFor(t, "every status written", func() error {
 		for i := range n {
 			s := getStudent(t, ns, fmt.Sprintf("s%d", i))
 			if c := publishedCondition(s); c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != s.Generation {
@@ -58,7 +58,7 @@ func testRestartRepublishesNothing(t *testing.T, cfg *config.Config, nc *nats.Co
 	})
 	stop()
 
-	sub, err := stack.Subscribe(nc, "restart.>")
+	sub, err := stacktest.Subscribe(nc, "restart.>")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,14 +111,14 @@ func TestNATSDown(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	waitFor(t, "Published=False on the edited Student", func() error {
+	stacktest.WaitFor(t, "Published=False on the edited Student", func() error {
 		c := publishedCondition(getStudent(t, ns, "edit"))
 		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != studentv1.ReasonPublishFailed {
 			return fmt.Errorf("condition %+v", c)
 		}
 		return nil
 	})
-	waitFor(t, "a Warning event on the new Student", func() error {
+	stacktest.WaitFor(t, "a Warning event on the new Student", func() error {
 		for _, e := range kubeEvents(t, ns, "new") {
 			if e.Type == corev1.EventTypeWarning && e.Reason == studentv1.ReasonPublishFailed {
 				return nil
@@ -152,14 +152,14 @@ func TestNATSDown(t *testing.T) {
 			t.Errorf("last event of %s: %q, want %q (all: %v)", name, final[name], w, types(got))
 		}
 	}
-	waitFor(t, "the deleted Student is gone after recovery", func() error {
+	stacktest.WaitFor(t, "the deleted Student is gone after recovery", func() error {
 		err := st.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "gone"}, &studentv1.Student{})
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
 		return fmt.Errorf("still there (err %v)", err)
 	})
-	waitFor(t, "Published=True again", func() error {
+	stacktest.WaitFor(t, "Published=True again", func() error {
 		for _, name := range []string{"edit", "new"} {
 			if c := publishedCondition(getStudent(t, ns, name)); c == nil || c.Status != metav1.ConditionTrue {
 				return fmt.Errorf("%s: %+v", name, c)

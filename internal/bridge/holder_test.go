@@ -17,9 +17,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/bridgetest"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/shards"
-	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // writer records, for one replica, its identity (from its member Lease's
@@ -78,7 +79,7 @@ func shardHolders(t *testing.T, ns string) map[int]string {
 func waitTwoShardsEach(t *testing.T, ns string) map[int]string {
 	t.Helper()
 	var holders map[int]string
-	waitFor(t, "two replicas holding two shards each", func() error {
+	stacktest.WaitFor(t, "two replicas holding two shards each", func() error {
 		holders = shardHolders(t, ns)
 		count := map[string]int{}
 		for _, h := range holders {
@@ -112,14 +113,14 @@ func TestStatusOnlyByTheHolder(t *testing.T) {
 	ws := []*writer{{}, {}}
 	for _, w := range ws {
 		c := *cfg
-		startBridgeWith(t, &c, w.restConfig(cfg.LeaderElection.ID))
+		bridgetest.Run(t, &c, w.restConfig(cfg.LeaderElection.ID))
 	}
 	holders := waitTwoShardsEach(t, ns)
 	count := map[string]int{}
 	for _, h := range holders {
 		count[h]++
 	}
-	waitFor(t, "both replicas' identities seen", func() error {
+	stacktest.WaitFor(t, "both replicas' identities seen", func() error {
 		var ids []string
 		for _, w := range ws {
 			w.mu.Lock()
@@ -139,7 +140,7 @@ func TestStatusOnlyByTheHolder(t *testing.T) {
 		}
 	}
 	published := map[string]*studentv1.Student{}
-	waitFor(t, "every Student published", func() error {
+	stacktest.WaitFor(t, "every Student published", func() error {
 		for i := range n {
 			s := getStudent(t, ns, fmt.Sprintf("s%d", i))
 			if c := publishedCondition(s); c == nil || c.Status != metav1.ConditionTrue || s.Status.LastPublished == nil {
@@ -165,7 +166,7 @@ func TestStatusOnlyByTheHolder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "every Student in sync", func() error {
+	stacktest.WaitFor(t, "every Student in sync", func() error {
 		for name := range published {
 			if s := getStudent(t, ns, name); s.Status.ServicesInSync != "1/1" {
 				return fmt.Errorf("%s: in sync %q", name, s.Status.ServicesInSync)
@@ -215,7 +216,7 @@ func TestGainedShardReloadsRecords(t *testing.T) {
 	nc := natsConn(t)
 	waitStream(t, nc, cfg.NATS.Stream.Name, n)
 
-	lost, err := stack.Counter("student_bridge_shard_handovers_total", "kind", "lost")
+	lost, err := stacktest.Counter("student_bridge_shard_handovers_total", "kind", "lost")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +235,7 @@ func TestGainedShardReloadsRecords(t *testing.T) {
 			t.Errorf("%s published as %v, want [created updated]", name, got[name])
 		}
 	}
-	if now, err := stack.Counter("student_bridge_shard_handovers_total", "kind", "lost"); err != nil || now != lost {
+	if now, err := stacktest.Counter("student_bridge_shard_handovers_total", "kind", "lost"); err != nil || now != lost {
 		t.Errorf("shards lost to record-write conflicts after the handover: %v (%v), want none", now-lost, err)
 	}
 }
@@ -261,7 +262,7 @@ func TestEventsBudgetIsTheWholeBridges(t *testing.T) {
 	}
 	waitStream(t, natsConn(t), cfg.NATS.Stream.Name, n) // 80 Events queued, most not written yet
 	written := func() float64 {
-		v, err := stack.Counter("student_bridge_kubernetes_events_total", "result", "written")
+		v, err := stacktest.Counter("student_bridge_kubernetes_events_total", "result", "written")
 		if err != nil {
 			t.Fatal(err)
 		}

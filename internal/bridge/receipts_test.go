@@ -14,7 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // TestReceiptsShowOnTheStudent: what services report in the receipts bucket
@@ -40,7 +40,7 @@ func TestReceiptsShowOnTheStudent(t *testing.T) {
 	}
 	published := func() *studentv1.PublishedEvent {
 		var last *studentv1.PublishedEvent
-		if err := stack.Eventually(30*time.Second, func() error {
+		if err := stacktest.Eventually(30*time.Second, func() error {
 			s := getStudent(t, ns, stu.Name)
 			if s.Status.LastPublished == nil || s.Status.LastPublished.Generation != s.Generation {
 				return fmt.Errorf("generation %d not published yet", s.Generation)
@@ -55,7 +55,7 @@ func TestReceiptsShowOnTheStudent(t *testing.T) {
 	first := published()
 
 	var kv jetstream.KeyValue
-	if err := stack.Eventually(30*time.Second, func() error {
+	if err := stacktest.Eventually(30*time.Second, func() error {
 		kv, err = js.KeyValue(ctx, cfg.Receipts.Bucket)
 		return err
 	}); err != nil {
@@ -74,7 +74,7 @@ func TestReceiptsShowOnTheStudent(t *testing.T) {
 	expect := func(inSync string, cond metav1.ConditionStatus, states map[string]string) *studentv1.Student {
 		t.Helper()
 		var s *studentv1.Student
-		if err := stack.Eventually(30*time.Second, func() error {
+		if err := stacktest.Eventually(30*time.Second, func() error {
 			s = getStudent(t, ns, stu.Name)
 			got := map[string]string{}
 			for _, svc := range s.Status.Services {
@@ -115,7 +115,7 @@ func TestReceiptsShowOnTheStudent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := stack.Eventually(30*time.Second, func() error {
+	if err := stacktest.Eventually(30*time.Second, func() error {
 		if m, u := receiptCount(t, "malformed"), receiptCount(t, "unknownStudent"); m < 3 || u < 1 {
 			return fmt.Errorf("receipts counted malformed %v, unknownStudent %v; want at least 3 and 1", m, u)
 		}
@@ -137,7 +137,7 @@ func TestReceiptsShowOnTheStudent(t *testing.T) {
 	if c := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionInSync); c.Reason != studentv1.ReasonServiceFailed || !strings.Contains(c.Message, "account locked") {
 		t.Errorf("InSync %s: %s, want %s naming the failure", c.Reason, c.Message, studentv1.ReasonServiceFailed)
 	}
-	if err := stack.Eventually(30*time.Second, func() error {
+	if err := stacktest.Eventually(30*time.Second, func() error {
 		for _, e := range kubeEvents(t, ns, stu.Name) {
 			if e.Type == "Warning" && e.Reason == studentv1.ReasonServiceFailed && strings.Contains(e.Note, "billing") && strings.Contains(e.Note, "account locked") {
 				return nil
@@ -155,7 +155,7 @@ func TestReceiptsShowOnTheStudent(t *testing.T) {
 	if err := st.Client.Delete(ctx, s); err != nil {
 		t.Fatal(err)
 	}
-	if err := stack.Eventually(30*time.Second, func() error {
+	if err := stacktest.Eventually(30*time.Second, func() error {
 		for _, svc := range []string{"billing", "library", "audit"} {
 			if _, err := kv.Get(ctx, studentv1.ReceiptKey(svc, string(stu.UID))); !errors.Is(err, jetstream.ErrKeyNotFound) {
 				return fmt.Errorf("receipt of %s after the delete: %v", svc, err)
@@ -171,7 +171,7 @@ func TestReceiptsShowOnTheStudent(t *testing.T) {
 // process (every bridge of this test binary counts).
 func receiptCount(t *testing.T, result string) float64 {
 	t.Helper()
-	v, err := stack.Counter("student_bridge_receipts_total", "result", result)
+	v, err := stacktest.Counter("student_bridge_receipts_total", "result", result)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/reconciler"
 )
 
@@ -26,7 +26,7 @@ func TestRecordStoreUnavailable(t *testing.T) {
 	cfg := testConfig(t, ns, "closed")
 	startBridge(t, cfg)
 	nc := natsConn(t)
-	sub, err := stack.Subscribe(nc, "closed.>")
+	sub, err := stacktest.Subscribe(nc, "closed.>")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestRecordStoreUnavailable(t *testing.T) {
 	if err := st.Client.Create(ctx, newStudent(ns, "b", "li", "shanghai")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a Warning Event on b while the record store refuses writes", func() error {
+	stacktest.WaitFor(t, "a Warning Event on b while the record store refuses writes", func() error {
 		for _, e := range kubeEvents(t, ns, "b") {
 			if e.Type == corev1.EventTypeWarning && e.Reason == studentv1.ReasonPublishFailed {
 				return nil
@@ -81,7 +81,7 @@ func TestRecordStoreUnavailable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a's update recorded", func() error {
+	stacktest.WaitFor(t, "a's update recorded", func() error {
 		e, err := kv.Get(ctx, string(a.UID))
 		if err != nil {
 			return err
@@ -130,7 +130,7 @@ func TestUpgradeFromStatusRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	sub, err := stack.Subscribe(nc, "upgrade.>")
+	sub, err := stacktest.Subscribe(nc, "upgrade.>")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestUpgradeFromStatusRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the bucket seeded from status", func() error {
+	stacktest.WaitFor(t, "the bucket seeded from status", func() error {
 		kv, err := js.KeyValue(ctx, cfg.State.Bucket)
 		if err != nil {
 			return err
@@ -191,7 +191,7 @@ func TestScopeExit(t *testing.T) {
 	if got[1].Event.Type() != studentv1.EventTypeDeleted || got[1].Data.Metadata.Labels["team"] != "b" {
 		t.Errorf("leaving the scope published %s with labels %v, want deleted with team=b", got[1].Event.Type(), got[1].Data.Metadata.Labels)
 	}
-	waitFor(t, "the finalizer removed", func() error {
+	stacktest.WaitFor(t, "the finalizer removed", func() error {
 		if fs := getStudent(t, ns, "mover").Finalizers; len(fs) != 0 {
 			return fmt.Errorf("finalizers %v", fs)
 		}

@@ -18,6 +18,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/scheme"
 	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/reconciler"
 )
@@ -46,7 +47,7 @@ func leaseNamespace(cfg *config.Config) string {
 // state it published.
 func ReleaseFinalizers(ctx context.Context, cfg *config.Config, restCfg *rest.Config, wait time.Duration) (int, error) {
 	log := ctrl.Log.WithName("release-finalizers")
-	c, err := client.New(restCfg, client.Options{Scheme: Scheme()})
+	c, err := client.New(restCfg, client.Options{Scheme: scheme.New()})
 	if err != nil {
 		return 0, err
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/shards"
-	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // TestReleaseFinalizersWaitsForTheLeader: while a bridge holds the Lease,
@@ -155,7 +155,7 @@ func TestShardCountIsRecorded(t *testing.T) {
 	ns := newNamespace(t)
 	cfg := testConfig(t, ns, "shardcount")
 	stop := startBridge(t, cfg)
-	if err := stack.Eventually(30*time.Second, func() error {
+	if err := stacktest.Eventually(30*time.Second, func() error {
 		nc := natsConn(t)
 		js, err := jetstream.New(nc)
 		if err != nil {

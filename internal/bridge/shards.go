@@ -19,6 +19,7 @@ import (
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/kubeevents"
+	"github.com/student-bridge/student-bridge/internal/scheme"
 	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink"
@@ -32,7 +33,7 @@ const shardsKey = "config.shards"
 // writes status and removes finalizers only for the Students of the shards
 // whose Leases it holds.
 func addShards(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config, r *reconciler.StudentReconciler, log logr.Logger) error {
-	c, err := client.New(restCfg, client.Options{Scheme: Scheme()})
+	c, err := client.New(restCfg, client.Options{Scheme: scheme.New()})
 	if err != nil {
 		return err
 	}

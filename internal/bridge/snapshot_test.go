@@ -8,7 +8,7 @@ import (
 	"time"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // TestSnapshots: a bridge with snapshot.onStartup publishes one snapshot
@@ -33,7 +33,7 @@ func TestSnapshots(t *testing.T) {
 	startBridge(t, cfg)
 	got := waitStream(t, nc, cfg.NATS.Stream.Name, 4)
 	startup := got[2:]
-	created := map[string]stack.Received{}
+	created := map[string]stacktest.Received{}
 	for _, r := range got[:2] {
 		created[r.Data.Metadata.UID] = r
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/stages"
 	"github.com/student-bridge/student-bridge/reconciler"
 )
@@ -29,7 +30,7 @@ func TestStageLatencies(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitStream(t, nc, cfg.NATS.Stream.Name, 1)
-	waitFor(t, "the created event in the status", func() error {
+	stacktest.WaitFor(t, "the created event in the status", func() error {
 		if c := publishedCondition(getStudent(t, ns, "s")); c == nil || c.Status != "True" {
 			return fmt.Errorf("Published condition %+v", c)
 		}
@@ -50,7 +51,7 @@ func TestStageLatencies(t *testing.T) {
 		reconciler.StageQueue: 3, reconciler.StageWriteAhead: 1, reconciler.StagePublish: 3, reconciler.StageRecord: 3,
 		reconciler.StageFinalizer: 2, reconciler.StageStatus: 1, reconciler.StageKubernetesEvent: 3,
 	}
-	waitFor(t, "every stage observed", func() error {
+	stacktest.WaitFor(t, "every stage observed", func() error {
 		after, err := stages.Snapshot()
 		if err != nil {
 			return err

@@ -1,25 +1,27 @@
-// Package bridgetest runs a bridge for the tests of the packages around it
-// (consumer, examples): a namespace of the test's own, watched by a bridge
-// with its own stream and buckets on the stack's NATS server, removed when
-// the test ends.
+// Package bridgetest runs bridges in tests, one way for every package:
+// Config and Run for the bridge's own tests, Start for the packages around
+// it (consumer, examples): a namespace of the test's own, watched by a
+// bridge with its own stream and buckets on the stack's NATS server,
+// removed when the test ends.
 package bridgetest
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // World is a running bridge and what it watches.
@@ -44,25 +46,9 @@ func Start(t *testing.T, st *stack.Stack, prefix string, expected ...string) *Wo
 // StartWith is Start with the configuration changed by tweak first.
 func StartWith(t *testing.T, st *stack.Stack, prefix string, tweak func(*config.Config)) *World {
 	t.Helper()
-	ctx := context.Background()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: prefix + "-"}}
-	if err := st.Client.Create(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.New(nil).Load("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Namespaces = []string{ns.Name}
-	cfg.NATS.URLs = st.NATS.URL()
-	cfg.NATS.SubjectPrefix = prefix
-	cfg.NATS.Stream.Name = "S_" + prefix
-	cfg.State.Bucket = "R_" + prefix
-	cfg.Receipts.Bucket = "RC_" + prefix
+	ns := stacktest.Namespace(t, st.Client, prefix)
+	cfg := Config(t, st, ns, prefix)
 	cfg.Snapshot.RequestSubject = "snapshot." + prefix
-	cfg.LeaderElection.Enabled = false
-	cfg.MetricsAddr, cfg.HealthAddr = "0", "0"
-	cfg.Retry.BaseDelay, cfg.Retry.MaxDelay = 50*time.Millisecond, 500*time.Millisecond
 	cfg.KubeAPIQPS, cfg.KubeAPIBurst = 1000, 2000
 	if tweak != nil {
 		tweak(cfg)
@@ -72,37 +58,93 @@ func StartWith(t *testing.T, st *stack.Stack, prefix string, tweak func(*config.
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- bridge.Run(runCtx, cfg, st.RestConfig) }()
-	var once sync.Once
-	w := &World{Namespace: ns.Name, Config: cfg, NC: nc}
-	w.Stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("bridge: %v", err)
-			}
-		})
-	}
+	w := &World{Namespace: ns, Config: cfg, NC: nc, Stop: Run(t, cfg, st.RestConfig)}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		w.Stop()
-		_ = js.DeleteStream(ctx, cfg.NATS.Stream.Name)
-		for _, b := range []string{cfg.State.Bucket, cfg.Receipts.Bucket} {
-			_ = js.DeleteKeyValue(ctx, b)
-		}
-	})
-	if err := stack.Eventually(30*time.Second, func() error {
-		_, err := js.KeyValue(ctx, cfg.Receipts.Bucket)
+	stacktest.WaitFor(t, "the bridge creating its receipts bucket", func() error {
+		_, err := js.KeyValue(context.Background(), cfg.Receipts.Bucket)
 		return err
-	}); err != nil {
-		t.Fatalf("the bridge created no receipts bucket: %v", err)
-	}
+	})
 	return w
+}
+
+// Config is the configuration of a bridge under test: the defaults, pointed
+// at st's NATS server and watching namespace ns only, with subjects, a
+// stream and buckets named after prefix (removed when the test ends, so a
+// second round of the tests, -count=2, starts from nothing), short retry
+// delays and timeouts, cluster "test", no leader election and no ports.
+func Config(t testing.TB, st *stack.Stack, ns, prefix string) *config.Config {
+	t.Helper()
+	cfg, err := config.New(nil).Load("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Cluster = "test"
+	cfg.Namespaces = []string{ns}
+	cfg.NATS.URLs = st.NATS.URL()
+	cfg.NATS.SubjectPrefix = prefix
+	cfg.NATS.Stream.Name = "S_" + prefix
+	cfg.State.Bucket = "R_" + prefix
+	cfg.Receipts.Bucket = "RC_" + prefix
+	cfg.NATS.ReconnectWait = 100 * time.Millisecond
+	cfg.NATS.AckTimeout = 2 * time.Second
+	cfg.LeaderElection.Enabled = false
+	cfg.MetricsAddr, cfg.HealthAddr = "0", "0"
+	cfg.Retry.BaseDelay, cfg.Retry.MaxDelay = 50*time.Millisecond, 500*time.Millisecond
+	cfg.ShutdownTimeout = 10 * time.Second
+	t.Cleanup(func() { DeleteStreamAndBuckets(t, st, cfg.NATS.Stream.Name, cfg.State.Bucket, cfg.Receipts.Bucket) })
+	return cfg
+}
+
+// DeleteStreamAndBuckets removes a stream and buckets from st's NATS
+// server; what is not there is no error.
+func DeleteStreamAndBuckets(t testing.TB, st *stack.Stack, stream string, buckets ...string) {
+	t.Helper()
+	nc, err := nats.Connect(st.NATS.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(context.Background(), stream); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("delete stream %s: %v", stream, err)
+	}
+	for _, bucket := range buckets {
+		if err := js.DeleteKeyValue(context.Background(), bucket); err != nil && !errors.Is(err, jetstream.ErrBucketNotFound) {
+			t.Errorf("delete bucket %s: %v", bucket, err)
+		}
+	}
+}
+
+// Run runs a bridge with cfg against restCfg until the returned stop is
+// called (or the test ends). stop fails the test if Run returned an error
+// or did not stop within 30 s.
+func Run(t testing.TB, cfg *config.Config, restCfg *rest.Config) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- bridge.Run(ctx, cfg, restCfg) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("bridge.Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("bridge did not stop within 30s")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 // Patch changes the Student named like s as kubectl edit would: read it,

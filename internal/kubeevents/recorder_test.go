@@ -18,23 +18,21 @@ import (
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/kubeevents"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 var st *stack.Stack
 
 func TestMain(m *testing.M) {
-	os.Exit(stack.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
+	os.Exit(stacktest.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
 }
 
 // student creates a Student in a namespace of its own.
 func student(t *testing.T) *studentv1.Student {
 	t.Helper()
 	ctx := context.Background()
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: strings.ToLower(t.Name()) + "-"}}
-	if err := st.Client.Create(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
-	s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "wang"}, Spec: studentv1.StudentSpec{Name: "wang", School: "china"}}
+	ns := stacktest.Namespace(t, st.Client, strings.ToLower(t.Name()))
+	s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "wang"}, Spec: studentv1.StudentSpec{Name: "wang", School: "china"}}
 	if err := st.Client.Create(ctx, s); err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +62,7 @@ func start(t *testing.T, r *kubeevents.Recorder) {
 func waitEvents(t *testing.T, ns string, n int) []eventsv1.Event {
 	t.Helper()
 	var list eventsv1.EventList
-	err := stack.Eventually(30*time.Second, func() error {
+	err := stacktest.Eventually(30*time.Second, func() error {
 		if err := st.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
 			return err
 		}
@@ -81,7 +79,7 @@ func waitEvents(t *testing.T, ns string, n int) []eventsv1.Event {
 
 func counter(t *testing.T, result string) float64 {
 	t.Helper()
-	v, err := stack.Counter("student_bridge_kubernetes_events_total", "result", result)
+	v, err := stacktest.Counter("student_bridge_kubernetes_events_total", "result", result)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +138,7 @@ func TestFullQueueDropsInsteadOfBlocking(t *testing.T) {
 			t.Errorf("the queued \"event %d\" was not written; got %v", i, seen)
 		}
 	}
-	if err := stack.Eventually(10*time.Second, func() error {
+	if err := stacktest.Eventually(10*time.Second, func() error {
 		if w := counter(t, "written") - written; w != 10 {
 			return fmt.Errorf("written counter moved by %v, want 10", w)
 		}

@@ -19,12 +19,13 @@ import (
 
 	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 var st *stack.Stack
 
 func TestMain(m *testing.M) {
-	os.Exit(stack.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
+	os.Exit(stacktest.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
 }
 
 // TestOf: the documented hash, so a consumer or an operator can compute a
@@ -84,7 +85,7 @@ func (r *replica) stop() {
 // and no shard is held twice.
 func waitShares(t *testing.T, rs []*replica, count int, want ...[2]int) {
 	t.Helper()
-	if err := stack.Eventually(30*time.Second, func() error {
+	if err := stacktest.Eventually(30*time.Second, func() error {
 		seen := map[int]int{}
 		var got []int
 		for _, r := range rs {
@@ -247,7 +248,7 @@ func TestGracefulStopHandsOverWithinARetryPeriod(t *testing.T) {
 	waitShares(t, []*replica{a, b}, 8, [2]int{4, 4}, [2]int{4, 4})
 	b.stop()
 	t0 := time.Now()
-	if err := stack.Eventually(20*time.Second, func() error {
+	if err := stacktest.Eventually(20*time.Second, func() error {
 		if n := len(a.m.Held()); n != 8 {
 			return fmt.Errorf("a holds %d of 8 shards", n)
 		}
@@ -315,7 +316,7 @@ func TestCutOffReplicaGivesUpItsShards(t *testing.T) {
 	a, b := startReplica(t, name, "a", 4, withClient(c)), startReplica(t, name, "b", 4)
 	waitShares(t, []*replica{a, b}, 4, [2]int{2, 2}, [2]int{2, 2})
 	c.cut.Store(true)
-	if err := stack.Eventually(20*time.Second, func() error {
+	if err := stacktest.Eventually(20*time.Second, func() error {
 		if n := len(a.m.Held()); n != 0 {
 			return fmt.Errorf("a, cut off, still holds %d shards", n)
 		}
@@ -366,7 +367,7 @@ func TestHeldIsToldOfEveryChange(t *testing.T) {
 		{"shared", func() { startReplica(t, name, "b", 4) }, 2},
 	} {
 		step.do()
-		if err := stack.Eventually(20*time.Second, last(step.want)); err != nil {
+		if err := stacktest.Eventually(20*time.Second, last(step.want)); err != nil {
 			t.Fatalf("%s: %v", step.what, err)
 		}
 	}
@@ -396,7 +397,7 @@ func TestLostShardIsTakenAgain(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Lost did not return")
 	}
-	if err := stack.Eventually(20*time.Second, func() error {
+	if err := stacktest.Eventually(20*time.Second, func() error {
 		if !a.m.Owns(key) || loads.Load() == before {
 			return fmt.Errorf("shard %d not taken again (loads %d, before %d)", a.m.Shard(key), loads.Load(), before)
 		}

@@ -1,7 +1,9 @@
 // Package stack starts the real components the bridge runs against: a
 // kube-apiserver and etcd (controller-runtime envtest, with the binaries the
 // Makefile builds) with the Student CRD installed, and an in-process NATS
-// server with JetStream. Tests, benchmarks and `student-bridge dev` share it.
+// server with JetStream (or a cluster of three). `student-bridge dev`, the
+// tests and the benchmark share it; what only tests need is in
+// internal/stacktest, which the binary does not link.
 package stack
 
 import (
@@ -14,9 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
@@ -33,7 +33,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/deploy"
-	"github.com/student-bridge/student-bridge/internal/bridge"
+	"github.com/student-bridge/student-bridge/internal/scheme"
 )
 
 // Options configure a Stack. The zero value is what tests want: random
@@ -82,67 +82,6 @@ func (s *Stack) NATSURL() string {
 	return s.NATS.URL()
 }
 
-// KillAPIServer kills kube-apiserver (SIGKILL: a crash, and no waiting for
-// it to drain watches) and starts it again on the same address with the same
-// certificates and etcd. Clients see their watches break and their requests
-// fail until it is back.
-func (s *Stack) KillAPIServer() error {
-	var pids []int
-	for _, p := range Children() {
-		if p.Comm == "kube-apiserver" {
-			pids = append(pids, p.PID)
-		}
-	}
-	if len(pids) != 1 {
-		return fmt.Errorf("find the kube-apiserver child process: found %v", pids)
-	}
-	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
-		return fmt.Errorf("kill kube-apiserver: %w", err)
-	}
-	api := s.Env.ControlPlane.APIServer
-	if err := api.Stop(); err != nil {
-		return fmt.Errorf("reap kube-apiserver: %w", err)
-	}
-	if err := api.Start(); err != nil {
-		return fmt.Errorf("start kube-apiserver: %w", err)
-	}
-	return nil
-}
-
-// Child is a child process of this process.
-type Child struct {
-	PID  int
-	Comm string // the command name, e.g. kube-apiserver
-}
-
-// Children lists this process's child processes (from /proc): the control
-// plane the stack started, for KillAPIServer and the benchmark's CPU
-// accounting.
-func Children() []Child {
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	me := strconv.Itoa(os.Getpid())
-	var kids []Child
-	for _, path := range stats {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			continue
-		}
-		// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-		line := string(b)
-		open, end := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
-		if open < 0 || end < open {
-			continue
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(line[:open]))
-		fields := strings.Fields(line[end+1:])
-		if err != nil || len(fields) < 2 || fields[1] != me {
-			continue
-		}
-		kids = append(kids, Child{PID: pid, Comm: line[open+1 : end]})
-	}
-	return kids
-}
-
 // Start starts the control plane and NATS. Stop undoes everything, also
 // when Start fails half-way.
 func Start(opts Options) (*Stack, error) {
@@ -182,7 +121,7 @@ func Start(opts Options) (*Stack, error) {
 		return nil, fmt.Errorf("start kube-apiserver and etcd from %s: %w", assets, err)
 	}
 	s.RestConfig = cfg
-	s.Client, err = client.New(cfg, client.Options{Scheme: bridge.Scheme()})
+	s.Client, err = client.New(cfg, client.Options{Scheme: scheme.New()})
 	if err != nil {
 		_ = s.Stop()
 		return nil, err
@@ -427,23 +366,6 @@ func (n *NATS) Stop() {
 	}
 }
 
-// RunTests is a TestMain body: it starts a Stack with opts, hands it to use,
-// runs the tests and stops the Stack. It returns the exit code.
-func RunTests(m interface{ Run() int }, opts Options, use func(*Stack)) int {
-	s, err := Start(opts)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	use(s)
-	code := m.Run()
-	if err := s.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		code = 1
-	}
-	return code
-}
-
 // NATSCluster is a JetStream cluster of embedded nats-servers with routes
 // on loopback, each with a store of its own, as deploy/nats runs three.
 // Every route runs through a Link, so a test can slow or cut the network
@@ -589,17 +511,20 @@ func (c *NATSCluster) Server(name string) *NATS {
 // WaitReady waits until JetStream answers through every running server
 // (the cluster has a meta leader and every server knows it).
 func (c *NATSCluster) WaitReady(timeout time.Duration) error {
-	return Eventually(timeout, func() error {
+	notCurrent := func() error {
 		for _, s := range c.Servers {
-			if s.Server == nil || !s.Server.Running() {
-				continue
-			}
-			if !s.Server.JetStreamIsClustered() || !s.Server.JetStreamIsCurrent() {
+			if s.Server != nil && s.Server.Running() && (!s.Server.JetStreamIsClustered() || !s.Server.JetStreamIsCurrent()) {
 				return fmt.Errorf("server %s: JetStream cluster not current yet", s.Server.Name())
 			}
 		}
 		return nil
-	})
+	}
+	deadline := time.Now().Add(timeout)
+	err := notCurrent()
+	for ; err != nil && time.Now().Before(deadline); err = notCurrent() {
+		time.Sleep(50 * time.Millisecond)
+	}
+	return err
 }
 
 // Stop stops every server and link and removes the stores.

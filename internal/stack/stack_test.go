@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // TestStartStopLeavesNothing starts and stops the whole stack repeatedly and
@@ -27,7 +28,7 @@ func TestStartStopLeavesNothing(t *testing.T) {
 		natsAddr := strings.TrimPrefix(s.NATS.URL(), "nats://")
 		store := s.NATS.Server.JetStreamConfig().StoreDir
 		kids := map[string]int{}
-		for _, c := range stack.Children() {
+		for _, c := range stacktest.Children() {
 			kids[c.Comm]++
 		}
 		if kids["etcd"] != 1 || kids["kube-apiserver"] != 1 {
@@ -45,8 +46,8 @@ func TestStartStopLeavesNothing(t *testing.T) {
 		if err := s.Stop(); err != nil {
 			t.Fatalf("stop %d: %v", i, err)
 		}
-		if err := stack.Eventually(10*time.Second, func() error {
-			if kids := stack.Children(); len(kids) > 0 {
+		if err := stacktest.Eventually(10*time.Second, func() error {
+			if kids := stacktest.Children(); len(kids) > 0 {
 				return &leak{fmt.Sprintf("child processes %v", kids)}
 			}
 			for _, addr := range []string{apiHost, natsAddr} {
@@ -92,7 +93,7 @@ func TestNATSRestartKeepsStore(t *testing.T) {
 	if n.URL() != url {
 		t.Errorf("URL changed from %s to %s", url, n.URL())
 	}
-	if err := stack.Eventually(10*time.Second, func() error {
+	if err := stacktest.Eventually(10*time.Second, func() error {
 		info, err := js.StreamInfo("KEEP")
 		if err != nil {
 			return err

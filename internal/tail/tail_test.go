@@ -17,6 +17,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/tail"
 	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink/natssink"
@@ -289,7 +290,7 @@ func (s stopAfter) Write(p []byte) (int, error) {
 func (f *fixture) follow(t *testing.T, o tail.Options, printed int, name string) string {
 	t.Helper()
 	o.Stream, o.Subjects, o.Follow = "STUDENTS", []string{"student.>"}, true
-	var out stack.Buffer
+	var out stacktest.Buffer
 	o.Out = &out
 	lines := func() []string {
 		if s := strings.TrimSpace(out.String()); s != "" {
@@ -315,7 +316,7 @@ func (f *fixture) follow(t *testing.T, o tail.Options, printed int, name string)
 	// Publish only once tail's consumer exists and the history is out, or
 	// deliver=new rightly misses the event.
 	js, _ := jetstream.New(f.nc)
-	if err := stack.Eventually(10*time.Second, func() error {
+	if err := stacktest.Eventually(10*time.Second, func() error {
 		info, err := js.Stream(ctx, "STUDENTS")
 		if err != nil {
 			return err
@@ -328,7 +329,7 @@ func (f *fixture) follow(t *testing.T, o tail.Options, printed int, name string)
 		t.Fatalf("history not printed: %q", lines())
 	}
 	f.publish(t, studentv1.EventTypeCreated, name, "s1")
-	if err := stack.Eventually(10*time.Second, func() error {
+	if err := stacktest.Eventually(10*time.Second, func() error {
 		if !strings.Contains(strings.Join(lines(), "\n"), "created  default/"+name) {
 			return errNotYet
 		}

@@ -6,14 +6,14 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // controlPlaneCPU returns the CPU seconds (user and system) that this
 // process's kube-apiserver and etcd children have used so far.
 func controlPlaneCPU() float64 {
 	var total float64
-	for _, c := range stack.Children() {
+	for _, c := range stacktest.Children() {
 		if c.Comm == "kube-apiserver" || c.Comm == "etcd" {
 			total += processCPU(c.PID)
 		}

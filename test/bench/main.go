@@ -43,6 +43,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/stages"
 	"github.com/student-bridge/student-bridge/reconciler"
 )
@@ -485,7 +486,7 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 			fmt.Fprintf(os.Stderr, "lost %s: get err=%v finalizers=%v deleting=%v lastPublished=%+v\n", n, err, s.Finalizers, s.DeletionTimestamp, s.Status.LastPublished)
 		}
 		if len(res.lostNames) > 0 {
-			evs, err := stack.StreamEvents(ctx, e.nc, r.stream)
+			evs, err := stacktest.StreamEvents(ctx, e.nc, r.stream)
 			fmt.Fprintf(os.Stderr, "stream %s: %d events (err %v)\n", r.stream, len(evs), err)
 			for _, ev := range evs {
 				if ev.Data.Metadata.UID == "" || ev.Data.Metadata.Name == "" {

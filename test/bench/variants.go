@@ -30,6 +30,7 @@ import (
 	"github.com/student-bridge/student-bridge/consumer"
 	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/scheme"
 	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/reconciler"
@@ -300,7 +301,7 @@ func startRawInformer(ctx context.Context, e *env, r *run) (func(), error) {
 func runRawInformer(ctx context.Context, restCfg *rest.Config, js jetstream.JetStream, ns, prefix string) (stop func(), err error) {
 	layout, _ := natssink.NewSubjectLayout(prefix, natssink.DefaultSubjectLayout)
 	ctx, cancel := context.WithCancel(ctx)
-	c, err := cache.New(restCfg, cache.Options{Scheme: bridge.Scheme(), DefaultNamespaces: map[string]cache.Config{ns: {}},
+	c, err := cache.New(restCfg, cache.Options{Scheme: scheme.New(), DefaultNamespaces: map[string]cache.Config{ns: {}},
 		DefaultTransform: cache.TransformStripManagedFields()})
 	if err != nil {
 		cancel()

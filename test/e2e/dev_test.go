@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // TestDevStackSurvivesRestart drives `student-bridge dev` as a user would:
@@ -44,7 +44,7 @@ func TestDevStackSurvivesRestart(t *testing.T) {
 	if got[0].Event.Type() != studentv1.EventTypeCreated || got[0].Data.Spec.Name != "wang" {
 		t.Fatalf("first event %s %+v", got[0].Event.Type(), got[0].Data)
 	}
-	if err := stack.Eventually(30*time.Second, func() error {
+	if err := stacktest.Eventually(30*time.Second, func() error {
 		out := kubectl(t, kubeconfig, "get", "stu", "object-name", "--no-headers")
 		if !strings.Contains(out, "True") {
 			return fmt.Errorf("not published yet: %s", out)
@@ -57,7 +57,7 @@ func TestDevStackSurvivesRestart(t *testing.T) {
 	if err := p.stop(t, syscall.SIGINT); err != nil {
 		t.Fatalf("dev exited with %v after SIGINT\n%s", err, p.output())
 	}
-	if err := stack.Eventually(20*time.Second, func() error {
+	if err := stacktest.Eventually(20*time.Second, func() error {
 		if left := processesUsing(dir); len(left) > 0 {
 			return fmt.Errorf("left behind: %v", left)
 		}
@@ -88,12 +88,12 @@ func TestDevStackSurvivesRestart(t *testing.T) {
 	}
 }
 
-func waitEvents(t *testing.T, nc *nats.Conn, want int) []stack.Received {
+func waitEvents(t *testing.T, nc *nats.Conn, want int) []stacktest.Received {
 	t.Helper()
-	var got []stack.Received
-	if err := stack.Eventually(60*time.Second, func() error {
+	var got []stacktest.Received
+	if err := stacktest.Eventually(60*time.Second, func() error {
 		var err error
-		got, err = stack.StreamEvents(context.Background(), nc, "STUDENTS")
+		got, err = stacktest.StreamEvents(context.Background(), nc, "STUDENTS")
 		if err != nil {
 			return err
 		}

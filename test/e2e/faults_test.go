@@ -21,6 +21,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // Each fault test drives creates, updates and deletes, injects the fault,
@@ -163,7 +164,7 @@ func TestLeaderFailover(t *testing.T) {
 
 	// A core subscriber sees every publish over the handover, also copies
 	// the stream's duplicate window would drop.
-	sub, err := stack.Subscribe(w.nc, "student.>")
+	sub, err := stacktest.Subscribe(w.nc, "student.>")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +202,7 @@ func TestStreamFull(t *testing.T) {
 		w.create(t, "default", fmt.Sprintf("full-%d", i), "s0")
 	}
 	var failed []string
-	if err := stack.Eventually(60*time.Second, func() error {
+	if err := stacktest.Eventually(60*time.Second, func() error {
 		var list studentv1.StudentList
 		if err := w.st.Client.List(ctx, &list, client.InNamespace("default")); err != nil {
 			return err
@@ -224,7 +225,7 @@ func TestStreamFull(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := stack.Eventually(30*time.Second, func() error {
+	if err := stacktest.Eventually(30*time.Second, func() error {
 		var evs eventsv1.EventList
 		if err := w.st.Client.List(ctx, &evs, client.InNamespace("default")); err != nil {
 			return err
@@ -256,8 +257,8 @@ func TestStreamFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	freed := time.Now()
-	if err := stack.Eventually(60*time.Second, func() error {
-		events, err := stack.StreamEvents(ctx, w.nc, w.stream)
+	if err := stacktest.Eventually(60*time.Second, func() error {
+		events, err := stacktest.StreamEvents(ctx, w.nc, w.stream)
 		if err != nil {
 			return err
 		}
@@ -292,7 +293,7 @@ func TestCrashBetweenAckAndRecord(t *testing.T) {
 		o.NoAuthUser = "full"
 	}}})
 	ctx := context.Background()
-	sub, err := stack.Subscribe(w.nc, "student.>")
+	sub, err := stacktest.Subscribe(w.nc, "student.>")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,7 +309,7 @@ func TestCrashBetweenAckAndRecord(t *testing.T) {
 	if err := p.stop(t, syscall.SIGKILL); err == nil {
 		t.Fatal("SIGKILL reported a clean exit")
 	}
-	events, err := stack.StreamEvents(ctx, w.nc, w.stream)
+	events, err := stacktest.StreamEvents(ctx, w.nc, w.stream)
 	if err != nil || len(events) != 2 {
 		t.Fatalf("before the crash the stream holds %d events (%v), want created and updated", len(events), err)
 	}
@@ -320,7 +321,7 @@ func TestCrashBetweenAckAndRecord(t *testing.T) {
 	if err := w.st.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "object-name"}, &s); err != nil {
 		t.Fatal(err)
 	}
-	if err := stack.Eventually(60*time.Second, func() error {
+	if err := stacktest.Eventually(60*time.Second, func() error {
 		rec, err := kv.Get(ctx, string(s.UID))
 		if err != nil {
 			return err
@@ -336,7 +337,7 @@ func TestCrashBetweenAckAndRecord(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	after, err := stack.StreamEvents(ctx, w.nc, w.stream)
+	after, err := stacktest.StreamEvents(ctx, w.nc, w.stream)
 	if err != nil || len(after) != 2 {
 		t.Errorf("stream holds %d events after the republish (%v), want 2", len(after), err)
 	}
@@ -453,7 +454,7 @@ func TestAPIServerKilled(t *testing.T) {
 		w.create(t, "default", fmt.Sprintf("api-%d", i), "s0")
 	}
 	before := w.waitVerified(t, "default", 60*time.Second)
-	if err := w.st.KillAPIServer(); err != nil {
+	if err := stacktest.KillAPIServer(w.st); err != nil {
 		t.Fatal(err)
 	}
 	restarted := time.Now()
@@ -461,7 +462,7 @@ func TestAPIServerKilled(t *testing.T) {
 	w.update(t, "default", "api-3", "changed after the restart")
 	r := w.waitVerified(t, "default", 90*time.Second)
 	r.Recovery = time.Since(restarted)
-	events, err := stack.StreamEvents(context.Background(), w.nc, w.stream)
+	events, err := stacktest.StreamEvents(context.Background(), w.nc, w.stream)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/verify"
 )
 
@@ -196,8 +197,8 @@ func (w *world) startAndPublish(t *testing.T, args ...string) *proc {
 	t.Helper()
 	p := start(t, t.TempDir(), args...)
 	w.create(t, "default", "object-name", "china")
-	if err := stack.Eventually(60*time.Second, func() error {
-		events, err := stack.StreamEvents(context.Background(), w.nc, w.stream)
+	if err := stacktest.Eventually(60*time.Second, func() error {
+		events, err := stacktest.StreamEvents(context.Background(), w.nc, w.stream)
 		if err != nil || len(events) != 1 {
 			return fmt.Errorf("stream holds %d events (%v), want the created", len(events), err)
 		}
@@ -242,7 +243,7 @@ func (w *world) verify(ns string) (report, error) {
 	if err != nil {
 		return report{}, err
 	}
-	events, err := stack.StreamEvents(ctx, w.nc, w.stream)
+	events, err := stacktest.StreamEvents(ctx, w.nc, w.stream)
 	if err != nil {
 		return report{}, err
 	}
@@ -254,7 +255,7 @@ func (w *world) verify(ns string) (report, error) {
 		return r, err
 	}
 
-	last := map[string]stack.Received{}
+	last := map[string]stacktest.Received{}
 	seen := map[string]bool{}
 	for _, e := range events {
 		uid := e.Data.Metadata.UID
@@ -297,7 +298,7 @@ func (w *world) waitVerified(t *testing.T, ns string, timeout time.Duration) rep
 	t.Helper()
 	start := time.Now()
 	var r report
-	if err := stack.Eventually(timeout, func() error {
+	if err := stacktest.Eventually(timeout, func() error {
 		var err error
 		r, err = w.verify(ns)
 		return err

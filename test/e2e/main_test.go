@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 var binary, assets string
@@ -45,7 +46,7 @@ func TestMain(m *testing.M) {
 // proc is a running student-bridge process.
 type proc struct {
 	cmd  *exec.Cmd
-	out  stack.Buffer // stdout and stderr
+	out  stacktest.Buffer // stdout and stderr
 	done chan error
 }
 
@@ -97,7 +98,7 @@ func (p *proc) output() string { return p.out.String() }
 // waitOutput waits until the output contains s.
 func (p *proc) waitOutput(t *testing.T, s string, timeout time.Duration) {
 	t.Helper()
-	if err := stack.Eventually(timeout, func() error {
+	if err := stacktest.Eventually(timeout, func() error {
 		select {
 		case err := <-p.done:
 			p.done <- err

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // TestSecretsNeverLogged: a bridge that needs its NATS password, given by
@@ -75,7 +76,7 @@ func TestOperations(t *testing.T) {
 		"--retry-base-delay", "100ms", "--retry-max-delay", "1s", "--nats-reconnect-wait", "200ms", "--nats-ack-timeout", "1s")
 
 	// Leader election is on by default, with the documented Lease.
-	waitFor(t, "the Lease held", func() error {
+	stacktest.WaitFor(t, "the Lease held", func() error {
 		var lease coordinationv1.Lease
 		if err := w.st.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "student-bridge.example.k8s.io"}, &lease); err != nil {
 			return err
@@ -86,10 +87,10 @@ func TestOperations(t *testing.T) {
 		return nil
 	})
 	ready := func() int { return httpStatus(t, "http://"+healthAddr+"/readyz") }
-	waitFor(t, "ready", func() error { return wantStatus(ready(), 200) })
+	stacktest.WaitFor(t, "ready", func() error { return wantStatus(ready(), 200) })
 
 	w.create(t, "default", "ops", "china")
-	waitFor(t, "the metrics of a publish", func() error {
+	stacktest.WaitFor(t, "the metrics of a publish", func() error {
 		m := scrape(t, metricsAddr)
 		for name, min := range map[string]float64{
 			`student_bridge_events_published_total{result="success",type="io.k8s.example.student.created"}`: 1,
@@ -111,7 +112,7 @@ func TestOperations(t *testing.T) {
 
 	// NATS down: not ready, and retries back off (base 100ms, max 1s).
 	w.st.NATS.Shutdown()
-	waitFor(t, "not ready without NATS", func() error {
+	stacktest.WaitFor(t, "not ready without NATS", func() error {
 		if code := ready(); code == 200 {
 			return fmt.Errorf("/readyz %d", code)
 		}
@@ -127,7 +128,7 @@ func TestOperations(t *testing.T) {
 	if err := w.st.NATS.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "ready again", func() error { return wantStatus(ready(), 200) })
+	stacktest.WaitFor(t, "ready again", func() error { return wantStatus(ready(), 200) })
 	w.waitVerified(t, "default", 60*time.Second)
 
 	if err := p.stop(t, syscall.SIGTERM); err != nil {
@@ -135,13 +136,6 @@ func TestOperations(t *testing.T) {
 	}
 	if !strings.Contains(p.output(), `"stopped"`) {
 		t.Errorf("no \"stopped\" line after SIGTERM")
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() error) {
-	t.Helper()
-	if err := stack.Eventually(60*time.Second, cond); err != nil {
-		t.Fatalf("%s: %v", what, err)
 	}
 }
 
@@ -250,7 +244,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 
 	proxy.freeze() // the bridge's next publish waits for an ack that does not come
 	w.create(t, "default", "held", "china")
-	waitFor(t, "the held Student's write sent", func() error {
+	stacktest.WaitFor(t, "the held Student's write sent", func() error {
 		if n := proxy.sentFrozen.Load(); n < 200 {
 			return fmt.Errorf("%d bytes sent since the freeze", n)
 		}

@@ -15,6 +15,7 @@ import (
 	"unicode"
 
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // TestREADMECommands runs the commands of the README and of docs/, so they
@@ -53,7 +54,7 @@ func TestREADMECommands(t *testing.T) {
 		var out []byte
 		// Retried briefly: the bridge publishes and writes status after the
 		// fact, and kubectl edit conflicts with a status write.
-		err := stack.Eventually(30*time.Second, func() error {
+		err := stacktest.Eventually(30*time.Second, func() error {
 			cmd := exec.Command(name, args...)
 			cmd.Dir = stack.RepoRoot()
 			cmd.Env = append(os.Environ(), env...)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // shardOwners maps each held shard to its holder, from the shard and
@@ -50,7 +51,7 @@ func shardHolders(w *world) (map[string]int, error) {
 func waitShares(t *testing.T, w *world, replicas, lo, hi int) time.Duration {
 	t.Helper()
 	t0 := time.Now()
-	if err := stack.Eventually(60*time.Second, func() error {
+	if err := stacktest.Eventually(60*time.Second, func() error {
 		h, err := shardHolders(w)
 		if err != nil {
 			return err
@@ -96,7 +97,7 @@ func TestShardsActiveActive(t *testing.T) {
 	_, ps := startReplicas(t, w)
 	// A core subscriber sees every publish, also the copies the stream's
 	// duplicate window drops: with settled shards, none is published twice.
-	sub, err := stack.Subscribe(w.nc, "student.>")
+	sub, err := stacktest.Subscribe(w.nc, "student.>")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +143,7 @@ func TestShardsActiveActive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs, err := stack.StreamEvents(context.Background(), w.nc, "STUDENTS")
+	evs, err := stacktest.StreamEvents(context.Background(), w.nc, "STUDENTS")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +307,7 @@ func TestShardsReplicaCutOffFromAPIServer(t *testing.T) {
 		start(t, t.TempDir(), w.bridgeArgs(w.admin, shardArgs...)...)
 	}
 	waitShares(t, w, 3, 5, 6)
-	sub, err := stack.Subscribe(w.nc, "student.>")
+	sub, err := stacktest.Subscribe(w.nc, "student.>")
 	if err != nil {
 		t.Fatal(err)
 	}

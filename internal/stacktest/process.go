@@ -1,0 +1,94 @@
+// Package stacktest is what tests and the benchmark need beside the stack:
+// reading what the bridge published (StreamEvents, Subscribe), waiting for
+// a condition (Eventually), reading a counter, a TestMain body (RunTests)
+// and the stack's child processes (Children, KillAPIServer).
+package stacktest
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/student-bridge/student-bridge/internal/stack"
+)
+
+// RunTests is a TestMain body: it starts a Stack with opts, hands it to use,
+// runs the tests and stops the Stack. It returns the exit code.
+func RunTests(m interface{ Run() int }, opts stack.Options, use func(*stack.Stack)) int {
+	s, err := stack.Start(opts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	use(s)
+	code := m.Run()
+	if err := s.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
+	return code
+}
+
+// KillAPIServer kills kube-apiserver (SIGKILL: a crash, and no waiting for
+// it to drain watches) and starts it again on the same address with the same
+// certificates and etcd. Clients see their watches break and their requests
+// fail until it is back.
+func KillAPIServer(s *stack.Stack) error {
+	var pids []int
+	for _, p := range Children() {
+		if p.Comm == "kube-apiserver" {
+			pids = append(pids, p.PID)
+		}
+	}
+	if len(pids) != 1 {
+		return fmt.Errorf("find the kube-apiserver child process: found %v", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		return fmt.Errorf("kill kube-apiserver: %w", err)
+	}
+	api := s.Env.ControlPlane.APIServer
+	if err := api.Stop(); err != nil {
+		return fmt.Errorf("reap kube-apiserver: %w", err)
+	}
+	if err := api.Start(); err != nil {
+		return fmt.Errorf("start kube-apiserver: %w", err)
+	}
+	return nil
+}
+
+// Child is a child process of this process.
+type Child struct {
+	PID  int
+	Comm string // the command name, e.g. kube-apiserver
+}
+
+// Children lists this process's child processes (from /proc): the control
+// plane the stack started, for KillAPIServer and the benchmark's CPU
+// accounting.
+func Children() []Child {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	me := strconv.Itoa(os.Getpid())
+	var kids []Child
+	for _, path := range stats {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+		line := string(b)
+		open, end := strings.IndexByte(line, '('), strings.LastIndexByte(line, ')')
+		if open < 0 || end < open {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(line[:open]))
+		fields := strings.Fields(line[end+1:])
+		if err != nil || len(fields) < 2 || fields[1] != me {
+			continue
+		}
+		kids = append(kids, Child{PID: pid, Comm: line[open+1 : end]})
+	}
+	return kids
+}
