@@ -85,7 +85,7 @@ type MirrorOptions struct {
 	// ReceiptsBucket is where receipts go; default STUDENT_BRIDGE_RECEIPTS.
 	ReceiptsBucket string
 	// SnapshotSubject is the bridge's snapshot request subject, default
-	// student-bridge.snapshot; "none" never asks. When events the service
+	// student-bridge.snapshot; NoSnapshots never asks. When events the service
 	// has not seen have left the stream (its limits, e.g. maxAge), the
 	// rebuild asks the bridge for a snapshot of every Student first.
 	SnapshotSubject string
@@ -102,6 +102,10 @@ type MirrorOptions struct {
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
+
+// NoSnapshots, as MirrorOptions.SnapshotSubject, makes the Mirror never
+// ask the bridge for a snapshot.
+const NoSnapshots = "none"
 
 // Mirror keeps a service in step with the desired state of every Student.
 // On start it rebuilds: the desired state up to where the service's
@@ -154,10 +158,10 @@ func NewMirror(nc *nats.Conn, o MirrorOptions) (*Mirror, error) {
 	if o.Handler == nil {
 		return nil, errors.New("consumer: a Handler is required")
 	}
-	o.Stream = cmp.Or(o.Stream, "STUDENTS")
-	o.Subjects = cmp.Or(o.Subjects, "student.>")
+	o.Stream = cmp.Or(o.Stream, studentv1.DefaultStream)
+	o.Subjects = cmp.Or(o.Subjects, studentv1.DefaultSubjects)
 	o.ReceiptsBucket = cmp.Or(o.ReceiptsBucket, studentv1.ReceiptsBucket)
-	o.SnapshotSubject = cmp.Or(o.SnapshotSubject, "student-bridge.snapshot")
+	o.SnapshotSubject = cmp.Or(o.SnapshotSubject, studentv1.DefaultSnapshotSubject)
 	o.SnapshotTimeout = cmp.Or(o.SnapshotTimeout, time.Minute)
 	o.RetryBaseDelay = cmp.Or(o.RetryBaseDelay, 500*time.Millisecond)
 	o.RetryMaxDelay = cmp.Or(o.RetryMaxDelay, 30*time.Second)
@@ -256,7 +260,7 @@ func (m *Mirror) Run(ctx context.Context) error {
 	// whose first rebuild did not finish): the server starts it at the
 	// first event the stream still holds.
 	fresh := info.Delivered.Consumer == 0
-	if sinfo.State.Msgs > 0 && (sinfo.State.FirstSeq > floor+1 || (fresh && sinfo.State.FirstSeq > 1)) && m.o.SnapshotSubject != "none" {
+	if sinfo.State.Msgs > 0 && (sinfo.State.FirstSeq > floor+1 || (fresh && sinfo.State.FirstSeq > 1)) && m.o.SnapshotSubject != NoSnapshots {
 		// Events the service has not seen have left the stream: a Student
 		// whose last event went with them would stay unknown. The bridge's
 		// snapshot puts the current state of every Student into the
@@ -554,11 +558,11 @@ func receipt(c Change, result, message string) studentv1.Receipt {
 		Generation: c.Generation, Result: result, Message: message, Time: metav1.Now()}
 }
 
-// RebuildConsumer names the consumer a service's Mirror reads the stream
+// rebuildConsumer names the consumer a service's Mirror reads the stream
 // through while it rebuilds, next to its durable consumer (named service).
 // Both names are the service's own ('~' is in no service name), so a NATS
 // user can be limited to its own consumers; see deploy/nats.
-func RebuildConsumer(service string) string { return service + "~rebuild" }
+func rebuildConsumer(service string) string { return service + "~rebuild" }
 
 // fold reads the stream's events from its first up to sequence to, in
 // order.
@@ -577,7 +581,7 @@ func (m *Mirror) fold(ctx context.Context, stream jetstream.Stream, to uint64, a
 	// A consumer of the service's own name, made for this one reading and
 	// deleted after it (a run that died left it behind: its position is
 	// wrong, so it goes first; the server also drops it once idle).
-	name := RebuildConsumer(m.o.Service)
+	name := rebuildConsumer(m.o.Service)
 	if err := stream.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
 	}

@@ -33,6 +33,21 @@ const (
 	OperationSnapshot = "snapshot"
 )
 
+// Defaults of the contract: where the bridge publishes unless configured
+// otherwise, and so where a consumer looks.
+const (
+	// DefaultStream is the JetStream stream of the events.
+	DefaultStream = "STUDENTS"
+	// DefaultSubjectPrefix is the first token of every subject
+	// (student.created, ...); DefaultSubjects captures them all.
+	DefaultSubjectPrefix = "student"
+	DefaultSubjects      = DefaultSubjectPrefix + ".>"
+	// DefaultSnapshotSubject is where the bridge answers snapshot requests.
+	DefaultSnapshotSubject = "student-bridge.snapshot"
+	// DefaultRecordsBucket is the bridge's record store.
+	DefaultRecordsBucket = "STUDENT_BRIDGE_PUBLISHED"
+)
+
 // CloudEvent extension attributes of every change event (created, updated,
 // deleted) beyond the core ones.
 const (

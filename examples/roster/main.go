@@ -19,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/consumer"
 )
 
@@ -63,8 +64,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	user := fs.String("nats-user", "", "NATS user (the service's own, e.g. roster).")
 	password := fs.String("nats-password", os.Getenv("ROSTER_NATS_PASSWORD"), "NATS password (default $ROSTER_NATS_PASSWORD).")
 	service := fs.String("service", "roster", "Service name: the durable consumer and the receipts' name.")
-	stream := fs.String("stream", "STUDENTS", "The bridge's stream.")
-	subjects := fs.String("subjects", "student.>", "Subjects of the stream to read.")
+	stream := fs.String("stream", studentv1.DefaultStream, "The bridge's stream.")
+	subjects := fs.String("subjects", studentv1.DefaultSubjects, "Subjects of the stream to read.")
 	receipts := fs.String("receipts-bucket", "STUDENT_BRIDGE_RECEIPTS", "The receipts bucket.")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -6,6 +6,8 @@ package config
 
 import (
 	"time"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 )
 
 // Setting is one configuration key: its default, its flag (empty for keys
@@ -46,7 +48,7 @@ var Settings = []Setting{
 	{"nats.name", "nats-name", "student-bridge", "Connection name shown by the NATS server."},
 	{"nats.mode", "nats-mode", "jetstream", "jetstream: wait for the stream's ack (at-least-once). core: publish and flush (at-most-once)."},
 	{"nats.encoding", "nats-encoding", "structured", "CloudEvents NATS binding mode: structured (JSON body) or binary (ce-* headers)."},
-	{"nats.subjectPrefix", "subject-prefix", "student", "First token of every subject."},
+	{"nats.subjectPrefix", "subject-prefix", studentv1.DefaultSubjectPrefix, "First token of every subject."},
 	{"nats.subjectLayout", "subject-layout", "{prefix}.{op}", "Subject layout; tokens {prefix} {op} {namespace} {name}. Must start with {prefix}."},
 	{"nats.connectTimeout", "nats-connect-timeout", dur("5s"), "Timeout of one connection attempt."},
 	{"nats.reconnectWait", "nats-reconnect-wait", dur("2s"), "Wait between reconnection attempts."},
@@ -62,7 +64,7 @@ var Settings = []Setting{
 	{"nats.tls.caFile", "nats-tls-ca-file", "", "CA bundle to verify the NATS server."},
 	{"nats.tls.certFile", "nats-tls-cert-file", "", "Client certificate for mutual TLS."},
 	{"nats.tls.keyFile", "nats-tls-key-file", "", "Client key for mutual TLS."},
-	{"nats.stream.name", "stream-name", "STUDENTS", "JetStream stream that stores the events."},
+	{"nats.stream.name", "stream-name", studentv1.DefaultStream, "JetStream stream that stores the events."},
 	{"nats.stream.create", "stream-create", true, "Create the stream if it is missing. An existing stream is never changed."},
 	{"nats.stream.storage", "stream-storage", "file", "Storage of a created stream: file or memory."},
 	{"nats.stream.replicas", "stream-replicas", 1, "Replicas of a created stream (3 on a 3-node cluster)."},
@@ -71,7 +73,7 @@ var Settings = []Setting{
 	{"nats.stream.maxMsgs", "stream-max-msgs", int64(0), "Message limit of a created stream; 0 is unlimited."},
 	{"nats.stream.discard", "stream-discard", "old", "When a created stream is full: old drops the oldest events, new refuses new ones (the bridge retries)."},
 	{"nats.stream.duplicates", "stream-duplicate-window", dur("2m"), "Window in which the stream drops an event whose id it already stored."},
-	{"state.bucket", "state-bucket", "STUDENT_BRIDGE_PUBLISHED", "JetStream key-value bucket that records what was published per Student (one key per uid). Each bridge needs its own."},
+	{"state.bucket", "state-bucket", studentv1.DefaultRecordsBucket, "JetStream key-value bucket that records what was published per Student (one key per uid). Each bridge needs its own."},
 	{"state.create", "state-create", true, "Create the bucket if it is missing. An existing bucket is never changed."},
 	{"state.storage", "state-storage", "file", "Storage of a created bucket: file or memory."},
 	{"state.replicas", "state-replicas", 1, "Replicas of a created bucket (3 on a 3-node cluster)."},
@@ -79,9 +81,9 @@ var Settings = []Setting{
 	{"status.enabled", "status", true, "Write the status view (lastPublished, the Published condition) on Students. The bridge never reads it."},
 	{"status.qps", "status-qps", float64(10), "Most status writes per second by the whole bridge (with shards, each replica writes the share of the shards it holds); writes are coalesced per Student and wait while changes are waiting. Failures are written first."},
 	{"snapshot.onStartup", "snapshot-on-startup", false, "Publish a snapshot event (student.snapshot) of every Student when the bridge becomes leader."},
-	{"snapshot.requestSubject", "snapshot-request-subject", "student-bridge.snapshot", "NATS subject on which the leader answers snapshot requests; empty disables them. Must not be under the stream's subjects."},
+	{"snapshot.requestSubject", "snapshot-request-subject", studentv1.DefaultSnapshotSubject, "NATS subject on which the leader answers snapshot requests; empty disables them. Must not be under the stream's subjects."},
 	{"shards.count", "shards", 1, "1: one replica (the leader, leaderElection) publishes for every Student. More: every replica publishes for the shards it holds (a hash of namespace/name; a Lease per shard, see docs/scaling.md). All replicas and the record store must agree on it."},
-	{"receipts.bucket", "receipts-bucket", "STUDENT_BRIDGE_RECEIPTS", "JetStream key-value bucket where services report what they applied (key <service>.<uid>); shown on the Student's status. Empty disables receipts."},
+	{"receipts.bucket", "receipts-bucket", studentv1.ReceiptsBucket, "JetStream key-value bucket where services report what they applied (key <service>.<uid>); shown on the Student's status. Empty disables receipts."},
 	{"receipts.create", "receipts-create", true, "Create the receipts bucket if it is missing (like the record store: state.storage, state.replicas). An existing bucket is never changed."},
 	{"services.expected", "expected-services", []string{}, "Services that must report a change applied before the Student shows InSync, comma separated. Receipts of other services are shown but not required."},
 }
