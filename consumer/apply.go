@@ -1,0 +1,249 @@
+package consumer
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+)
+
+// delivery is one message of the durable consumer, decoded.
+type delivery struct {
+	msg jetstream.Msg
+	seq uint64
+	ev  *event
+	err error
+}
+
+// deliveries reads the durable consumer in a goroutine of its own.
+func (m *Mirror) deliveries(ctx context.Context, cons jetstream.Consumer) (<-chan delivery, func(), error) {
+	it, err := cons.Messages()
+	if err != nil {
+		return nil, nil, fmt.Errorf("consumer: read %s: %w", m.o.Service, err)
+	}
+	out := make(chan delivery, 256)
+	go func() {
+		defer close(out)
+		for {
+			msg, err := it.Next()
+			if err != nil {
+				return
+			}
+			d := delivery{msg: msg}
+			if md, err := msg.Metadata(); err == nil {
+				d.seq = md.Sequence.Stream
+			}
+			d.ev, d.err = decode(msg)
+			select {
+			case out <- d:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, it.Stop, nil
+}
+
+// receive takes one live message.
+func (m *Mirror) receive(ctx context.Context, d delivery) {
+	if len(m.held) > 0 && d.seq <= m.held[len(m.held)-1].seq {
+		return // redelivered while held here
+	}
+	h := &heldMsg{seq: d.seq, msg: d.msg}
+	m.held = append(m.held, h)
+	if d.seq <= m.lastStart {
+		// Read and handled by the rebuild: acknowledged once it is
+		// applied, so the next start rebuilds from here.
+		h.done = true
+		m.ack()
+		return
+	}
+	if d.err != nil {
+		m.log.Warn("skipping an event that is not a Student CloudEvent", "sequence", d.seq, "reason", d.err.Error())
+		h.done = true
+		m.ack()
+		return
+	}
+	des := d.ev.desired(d.seq)
+	m.track(des)
+	m.enqueue(des, d.ev, d.seq, false)
+	if p := m.pending[des.UID]; p != nil && !p.waiting && p.attempts == 0 {
+		m.handle(ctx, des.UID)
+	}
+	m.ack()
+}
+
+// enqueue adds an event to its Student's pending change, coalescing it
+// with what is pending already.
+func (m *Mirror) enqueue(d *Desired, ev *event, seq uint64, catchUp bool) {
+	p := m.pending[d.UID]
+	if p == nil {
+		p = &pendingStudent{catchUp: catchUp}
+		m.pending[d.UID] = p
+		if catchUp {
+			m.catchUp++
+		}
+	}
+	if seq > 0 {
+		p.seqs = append(p.seqs, seq)
+	}
+	p.change = Change{UID: d.UID, Namespace: d.Namespace, Name: d.Name, EventID: ev.id, EventType: ev.typ, Generation: d.Generation}
+	p.latest, p.seq = d, d.Sequence
+	if ev.typ == studentv1.EventTypeDeleted {
+		p.latest = nil
+	}
+}
+
+// pendingInOrder lists the pending Students by the sequence of their
+// newest event.
+func (m *Mirror) pendingInOrder() []string {
+	uids := slices.Collect(maps.Keys(m.pending))
+	slices.SortFunc(uids, func(a, b string) int {
+		return cmp.Compare(m.pending[a].seq, m.pending[b].seq)
+	})
+	return uids
+}
+
+// handle applies the pending change of uid: skipped when already applied
+// (the same event id, or reported applied before a restart), else handed
+// to the handler and reported; a failure is retried with backoff.
+func (m *Mirror) handle(ctx context.Context, uid string) {
+	p := m.pending[uid]
+	m.mu.Lock()
+	old := m.applied[uid]
+	m.mu.Unlock()
+	c := p.change
+	c.Old, c.New = old, p.latest
+	switch {
+	case c.New == nil && old == nil:
+		// Deleted before the service applied it: nothing to undo.
+		_ = m.rep.Forget(ctx, uid)
+		m.settle(uid, nil)
+		return
+	case c.New != nil && old != nil && (old.EventID == c.New.EventID || sameState(old, c.New)):
+		// The same event, or one with the same state (a snapshot of a
+		// Student that did not change): nothing to apply.
+		m.settle(uid, c.New)
+		return
+	case p.catchUp && p.attempts == 0 && c.New != nil:
+		if id, err := m.rep.Applied(ctx, uid); err == nil && id == c.New.EventID {
+			m.settle(uid, c.New) // applied and reported before a restart
+			return
+		}
+	}
+	err := m.o.Handler(ctx, c)
+	if err == nil {
+		if c.New == nil {
+			err = m.rep.Forget(ctx, uid)
+		} else {
+			err = m.rep.Report(ctx, receipt(c, studentv1.ResultApplied, ""))
+		}
+		if err != nil {
+			err = fmt.Errorf("applied, but the receipt was not written: %w", err)
+		}
+	} else if c.New != nil {
+		if rerr := m.rep.Report(ctx, receipt(c, studentv1.ResultFailed, err.Error())); rerr != nil {
+			m.log.Warn("writing a failed receipt failed", "student", c.Namespace+"/"+c.Name, "reason", rerr.Error())
+		}
+	}
+	if err == nil {
+		m.settle(uid, c.New)
+		return
+	}
+	p.attempts++
+	delay := min(m.o.RetryBaseDelay<<min(p.attempts-1, 20), m.o.RetryMaxDelay)
+	m.log.Info("change failed; retrying", "student", c.Namespace+"/"+c.Name, "event", c.EventID, "attempt", p.attempts, "retryIn", delay.String(), "reason", err.Error())
+	p.waiting = true
+	time.AfterFunc(delay, func() {
+		select {
+		case m.retries <- uid:
+		case <-ctx.Done():
+		}
+	})
+}
+
+func sameState(a, b *Desired) bool {
+	return a.Generation == b.Generation && a.Spec == b.Spec && maps.Equal(a.Labels, b.Labels)
+}
+
+// settle records uid's pending change as applied (newState nil: deleted)
+// and lets its events be acknowledged.
+func (m *Mirror) settle(uid string, newState *Desired) {
+	m.mu.Lock()
+	if newState == nil {
+		delete(m.applied, uid)
+	} else {
+		m.applied[uid] = newState
+	}
+	m.mu.Unlock()
+	p := m.pending[uid]
+	delete(m.pending, uid)
+	if p.catchUp {
+		m.catchUp--
+	}
+	for _, h := range m.held {
+		if slices.Contains(p.seqs, h.seq) {
+			h.done = true
+		}
+	}
+	m.ack()
+}
+
+// ack acknowledges (AckAll) the longest handled prefix of the held
+// messages, once the rebuild is applied.
+func (m *Mirror) ack() {
+	if m.catchUp > 0 {
+		return
+	}
+	n := 0
+	for n < len(m.held) && m.held[n].done {
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	if err := m.held[n-1].msg.Ack(); err != nil {
+		m.log.Warn("acknowledging failed; the events will be handed over again", "sequence", m.held[n-1].seq, "reason", err.Error())
+		return
+	}
+	m.held = m.held[n:]
+}
+
+func receipt(c Change, result, message string) studentv1.Receipt {
+	return studentv1.Receipt{UID: c.UID, Namespace: c.Namespace, Name: c.Name, EventID: c.EventID,
+		Generation: c.Generation, Result: result, Message: message, Time: metav1.Now()}
+}
+
+// track checks d's place in its Student's sequence against the event read
+// before it and counts a gap. A snapshot carries the number of the last
+// change: one above what was read means that change was missed.
+func (m *Mirror) track(d *Desired) {
+	prev, seen := m.numbers[d.UID]
+	next := d.StudentSequence
+	if next == 0 {
+		return // an event of a bridge that did not count yet
+	}
+	want := prev + 1
+	if d.EventType == studentv1.EventTypeSnapshot {
+		want = prev
+	}
+	if seen && prev > 0 && next > want {
+		m.gaps.Add(1)
+		m.log.Warn("a Student's sequence skips events; handing over its newest state", "student", d.Namespace+"/"+d.Name,
+			"uid", d.UID, "after", prev, "got", next, "event", d.EventID, "streamSequence", d.Sequence)
+	}
+	if d.EventType == studentv1.EventTypeDeleted {
+		delete(m.numbers, d.UID)
+		return
+	}
+	if next > prev {
+		m.numbers[d.UID] = next
+	}
+}

@@ -1,0 +1,115 @@
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+)
+
+// snapshot asks the bridge for a snapshot and returns the stream's last
+// sequence once every snapshot event is in it.
+func (m *Mirror) snapshot(ctx context.Context, stream jetstream.Stream, firstSeq uint64) (uint64, error) {
+	body, _ := json.Marshal(studentv1.SnapshotRequest{})
+	rctx, cancel := context.WithTimeout(ctx, m.o.SnapshotTimeout)
+	defer cancel()
+	msg, err := m.nc.RequestWithContext(rctx, m.o.SnapshotSubject, body)
+	if err == nil {
+		var reply studentv1.SnapshotReply
+		if err = json.Unmarshal(msg.Data, &reply); err == nil && reply.Error != "" {
+			err = errors.New(reply.Error)
+		}
+		if err == nil {
+			m.log.Info("events the service has not seen left the stream; the bridge published a snapshot", "firstSequence", firstSeq, "snapshot", reply.Run, "students", reply.Published)
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("consumer: events from before sequence %d left the stream, and the snapshot request on %s failed (is the bridge running with snapshot requests?): %w", firstSeq, m.o.SnapshotSubject, err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("consumer: stream %s: %w", m.o.Stream, err)
+	}
+	return info.State.LastSeq, nil
+}
+
+// rebuildConsumer names the consumer a service's Mirror reads the stream
+// through while it rebuilds, next to its durable consumer (named service).
+// Both names are the service's own ('~' is in no service name), so a NATS
+// user can be limited to its own consumers; see deploy/nats.
+func rebuildConsumer(service string) string { return service + "~rebuild" }
+
+// fold reads the stream's events from its first up to sequence to, in
+// order.
+func (m *Mirror) fold(ctx context.Context, stream jetstream.Stream, to uint64, apply func(*Desired, *event)) error {
+	if to == 0 {
+		return nil
+	}
+	// Reading waits for a message: read only if there is one.
+	_, err := stream.GetLastMsgForSubject(ctx, m.o.Subjects)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
+	}
+	// A consumer of the service's own name, made for this one reading and
+	// deleted after it (a run that died left it behind: its position is
+	// wrong, so it goes first; the server also drops it once idle).
+	name := rebuildConsumer(m.o.Service)
+	if err := stream.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
+	}
+	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		Name:              name,
+		Description:       "student-bridge consumer.Mirror of service " + m.o.Service + ", rebuilding",
+		FilterSubject:     m.o.Subjects,
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		InactiveThreshold: time.Minute,
+		Replicas:          1,
+		MemoryStorage:     true,
+	})
+	if err != nil {
+		return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
+	}
+	defer func() { _ = stream.DeleteConsumer(context.WithoutCancel(ctx), name) }()
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
+	}
+	defer it.Stop()
+	var delivered uint64
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return err
+		}
+		// Nothing acknowledges here, so nothing would redeliver a message
+		// lost on the way: a gap in the consumer's count ends the rebuild
+		// with an error rather than a state missing an event.
+		if delivered++; md.Sequence.Consumer != delivered {
+			return fmt.Errorf("consumer: read %s: message %d of the rebuild came as %d", m.o.Stream, delivered, md.Sequence.Consumer)
+		}
+		if md.Sequence.Stream > to {
+			return nil
+		}
+		if ev, err := decode(msg); err != nil {
+			m.log.Warn("skipping an event that is not a Student CloudEvent", "sequence", md.Sequence.Stream, "reason", err.Error())
+		} else {
+			apply(ev.desired(md.Sequence.Stream), ev)
+		}
+		if md.Sequence.Stream >= to || md.NumPending == 0 {
+			return nil
+		}
+	}
+}
