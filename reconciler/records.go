@@ -184,7 +184,7 @@ func (r *Records) Stored(ctx context.Context) ([]studentv1.StudentRecord, error)
 // no record of a Student under its uid (another key, e.g. the shard count,
 // or a value that is not ours to interpret).
 func ParseRecord(key string, value []byte) (rec studentv1.StudentRecord, ok bool) {
-	if err := json.Unmarshal(value, &rec); err != nil || rec.UID == "" || rec.UID != key {
+	if err := json.Unmarshal(value, &rec); err != nil || rec.UID == "" || string(rec.UID) != key {
 		return studentv1.StudentRecord{}, false
 	}
 	return rec, true
@@ -251,7 +251,7 @@ func (r *Records) All() []studentv1.StudentRecord {
 // records wait for the store (after a failure), they are written first,
 // under the lock, in one go.
 func (r *Records) Save(ctx context.Context, rec studentv1.StudentRecord) error {
-	uid := types.UID(rec.UID)
+	uid := rec.UID
 	r.mu.Lock()
 	if len(r.unsaved) > 0 {
 		defer r.mu.Unlock()
@@ -374,7 +374,7 @@ func (r *Records) revisionLocked(uid types.UID) uint64 {
 }
 
 func (r *Records) setLocked(rec studentv1.StudentRecord, revision uint64, saved bool) {
-	uid := types.UID(rec.UID)
+	uid := rec.UID
 	key := types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}
 	if _, ok := r.byUID[uid]; !ok {
 		r.byName[key] = append(r.byName[key], uid)
@@ -441,7 +441,7 @@ func SeedFromStatus(reader client.Reader, namespaces []string, selector labels.S
 				}
 				for _, s := range list.Items {
 					if s.Status.LastPublished != nil {
-						out = append(out, studentv1.StudentRecord{Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Published: *s.Status.LastPublished})
+						out = append(out, studentv1.StudentRecord{Namespace: s.Namespace, Name: s.Name, UID: s.UID, Published: *s.Status.LastPublished})
 					}
 				}
 				if cont = list.Continue; cont == "" {

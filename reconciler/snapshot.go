@@ -54,7 +54,7 @@ func (s *Snapshotter) Snapshot(ctx context.Context, namespace, run string) (int,
 		}
 		for _, rec := range stored {
 			if !rec.Pending {
-				published[types.UID(rec.UID)] = rec.Published
+				published[rec.UID] = rec.Published
 			}
 		}
 	}

@@ -224,7 +224,7 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 	}
 	var errs []error
 	for _, rec := range recs {
-		exists := err == nil && string(live.UID) == rec.UID
+		exists := err == nil && live.UID == rec.UID
 		switch {
 		case exists && rec.Published.Type == studentv1.EventTypeDeleted:
 			// Left the scope earlier; the record keeps the next created
@@ -236,7 +236,7 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 		case exists:
 			errs = append(errs, r.leaveScope(ctx, &live, rec))
 		case rec.Published.Type == studentv1.EventTypeDeleted:
-			errs = append(errs, r.removeRecord(ctx, types.UID(rec.UID)))
+			errs = append(errs, r.removeRecord(ctx, rec.UID))
 		default:
 			errs = append(errs, r.publishGone(ctx, key, rec))
 		}
@@ -254,14 +254,14 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 // last state published.
 func (r *StudentReconciler) publishGone(ctx context.Context, key types.NamespacedName, rec studentv1.StudentRecord) error {
 	gone := recordedStudent(rec)
-	if v, ok := r.gone.Load(key); ok && string(v.(*studentv1.Student).UID) == rec.UID {
+	if v, ok := r.gone.Load(key); ok && v.(*studentv1.Student).UID == rec.UID {
 		gone = v.(*studentv1.Student)
 	}
 	if err := r.publish(ctx, gone, studentv1.EventTypeDeleted, lastPublished(rec, true)); err != nil {
 		return err
 	}
 	log.FromContext(ctx).Info("Student gone without its finalizer; published its deletion", "uid", rec.UID)
-	return r.removeRecord(ctx, types.UID(rec.UID))
+	return r.removeRecord(ctx, rec.UID)
 }
 
 // leaveScope publishes a Student that left the watched scope as deleted
@@ -284,11 +284,11 @@ func (r *StudentReconciler) leaveScope(ctx context.Context, live *studentv1.Stud
 func (r *StudentReconciler) reconcileReplaced(ctx context.Context, stu *studentv1.Student) error {
 	key := client.ObjectKeyFromObject(stu)
 	for _, rec := range r.Records.ForName(key) {
-		if rec.UID == string(stu.UID) {
+		if rec.UID == stu.UID {
 			continue
 		}
 		if rec.Published.Type == studentv1.EventTypeDeleted {
-			if err := r.removeRecord(ctx, types.UID(rec.UID)); err != nil {
+			if err := r.removeRecord(ctx, rec.UID); err != nil {
 				return err
 			}
 			continue
@@ -313,7 +313,7 @@ func lastPublished(rec studentv1.StudentRecord, ok bool) *studentv1.PublishedEve
 func recordedStudent(rec studentv1.StudentRecord) *studentv1.Student {
 	p := rec.Published
 	return &studentv1.Student{
-		ObjectMeta: metav1.ObjectMeta{Namespace: rec.Namespace, Name: rec.Name, UID: types.UID(rec.UID), Generation: p.Generation, Labels: p.Labels},
+		ObjectMeta: metav1.ObjectMeta{Namespace: rec.Namespace, Name: rec.Name, UID: rec.UID, Generation: p.Generation, Labels: p.Labels},
 		Spec:       p.Spec,
 	}
 }
@@ -382,7 +382,7 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 	rec := studentv1.StudentRecord{
 		Namespace: stu.Namespace,
 		Name:      stu.Name,
-		UID:       string(stu.UID),
+		UID:       stu.UID,
 		Published: studentv1.PublishedEvent{
 			Type:            typ,
 			ID:              ev.ID(),
@@ -503,7 +503,7 @@ func (r *StudentReconciler) cachedAndGone(ctx context.Context, cached client.Rea
 	}
 	var gone []studentv1.StudentRecord
 	for _, rec := range r.Records.All() {
-		if !live[types.UID(rec.UID)] {
+		if !live[rec.UID] {
 			gone = append(gone, rec)
 		}
 	}

@@ -273,12 +273,12 @@ func TestSequenceStartsAfterUpgrade(t *testing.T) {
 	rec, _ := f.record(stu.UID)
 	oldID := rec.Published.ID
 	rec.Published.StudentSequence = 0
-	stored, err := f.store.Get(context.Background(), rec.UID)
+	stored, err := f.store.Get(context.Background(), string(rec.UID))
 	if err != nil {
 		t.Fatal(err)
 	}
 	b, _ := json.Marshal(rec)
-	if _, err := f.store.Put(context.Background(), rec.UID, b, stored.Revision); err != nil {
+	if _, err := f.store.Put(context.Background(), string(rec.UID), b, stored.Revision); err != nil {
 		t.Fatal(err)
 	}
 	f.load()

@@ -2,6 +2,7 @@ package v1
 
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // StudentSpec is the desired state of a Student: who the student is and which
@@ -143,7 +144,7 @@ type StudentRecord struct {
 	// name of the Student.
 	Name string `json:"name"`
 	// uid of the Student; also the record's key.
-	UID string `json:"uid"`
+	UID types.UID `json:"uid"`
 	// published is the last event JetStream acknowledged for the Student,
 	// or, while pending, the first event about to be published.
 	Published PublishedEvent `json:"published"`

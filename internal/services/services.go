@@ -123,7 +123,7 @@ func loadPublished(ctx context.Context, nc *nats.Conn, bucket string) (map[strin
 	err := eachKey(ctx, nc, bucket, func(key string, value []byte) {
 		var rec studentv1.StudentRecord
 		if json.Unmarshal(value, &rec) == nil && rec.Published.Type != studentv1.EventTypeDeleted && rec.Published.ID != "" {
-			out[rec.UID] = rec.Published.ID
+			out[string(rec.UID)] = rec.Published.ID
 		}
 	})
 	return out, err

@@ -213,7 +213,7 @@ func Check(st State, o Options) Report {
 
 	records := map[string]studentv1.StudentRecord{}
 	for _, rec := range st.Records {
-		records[rec.UID] = rec
+		records[string(rec.UID)] = rec
 	}
 	live := map[string]bool{}
 	for i := range st.Students {

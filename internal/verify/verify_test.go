@@ -26,7 +26,7 @@ func event(seq uint64, typ, id string, s studentv1.Student, number int64, previo
 }
 
 func record(s studentv1.Student, typ, id string, number int64, pending bool) studentv1.StudentRecord {
-	return studentv1.StudentRecord{Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Pending: pending,
+	return studentv1.StudentRecord{Namespace: s.Namespace, Name: s.Name, UID: s.UID, Pending: pending,
 		Published: studentv1.PublishedEvent{Type: typ, ID: id, StudentSequence: number, Generation: s.Generation, Spec: s.Spec}}
 }
 

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/reconciler"
 )
 
 // memoryAndRestart runs the real binary as its own process, so its RSS and
@@ -316,14 +317,14 @@ func writeReceipts(ctx context.Context, e *env, stream string, services []string
 		if entry == nil {
 			break
 		}
-		var rec studentv1.StudentRecord
-		if json.Unmarshal(entry.Value(), &rec) != nil || rec.UID != entry.Key() {
+		rec, ok := reconciler.ParseRecord(entry.Key(), entry.Value())
+		if !ok {
 			continue // not a record (config.shards)
 		}
 		for _, svc := range services {
-			b, _ := json.Marshal(studentv1.Receipt{Service: svc, UID: rec.UID, Namespace: rec.Namespace, Name: rec.Name,
+			b, _ := json.Marshal(studentv1.Receipt{Service: svc, UID: string(rec.UID), Namespace: rec.Namespace, Name: rec.Name,
 				EventID: rec.Published.ID, Generation: rec.Published.Generation, Result: studentv1.ResultApplied, Time: metav1.Now()})
-			if _, err := receipts.Put(ctx, studentv1.ReceiptKey(svc, rec.UID), b); err != nil {
+			if _, err := receipts.Put(ctx, studentv1.ReceiptKey(svc, string(rec.UID)), b); err != nil {
 				return n, err
 			}
 			n++
