@@ -6,8 +6,9 @@
 // bridge's finalizer and status writes for the API server. This Recorder
 // queues Events (Eventf never blocks), writes them from a few writers at no
 // more than a set rate and only while the caller has no backlog, and drops,
-// and counts, what does not fit in the queue. Kubernetes Events are best effort in Kubernetes itself; the
-// CloudEvent and the Student's status are what the bridge guarantees.
+// and counts, what does not fit in the queue. Kubernetes Events are best
+// effort in Kubernetes itself; the CloudEvent and the Student's status are
+// what the bridge guarantees.
 package kubeevents
 
 import (

@@ -206,6 +206,14 @@ func (r iterReader) next(ctx context.Context, wait time.Duration, _ uint64) (jet
 // published afterwards goes to this tail) and every message that reached it
 // unprinted is handed back at once, not after the ack wait, and is the
 // next run's first.
+//
+// The messages are handed back only after the drain: one handed back while
+// the subscription still had its pull request would come straight back to
+// it, and be lost to the next run until the ack wait. The server also keeps
+// the ended pull request on its list until it next looks at the consumer's
+// waiting requests, and a message handed back before that is tried on it
+// and put at the end of the redelivery queue, behind later ones: asking for
+// the consumer's info clears the list first, so they come back in order.
 func (r iterReader) stop() {
 	if !r.durable {
 		r.iter.Stop()
@@ -220,13 +228,6 @@ func (r iterReader) stop() {
 		}
 		unprinted = append(unprinted, msg)
 	}
-	// Only now: a message handed back while the subscription still had its
-	// pull request would come straight back to it, and be lost to the next
-	// run until the ack wait. The server also keeps the ended pull request
-	// on its list until it next looks at the consumer's waiting requests,
-	// and a message handed back before that is tried on it and put at the
-	// end of the redelivery queue, behind later ones: asking for the
-	// consumer's info clears the list first, so they come back in order.
 	ctx, cancel := context.WithTimeout(context.Background(), stopWait)
 	defer cancel()
 	_, _ = r.cons.Info(ctx)
