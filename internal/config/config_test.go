@@ -1,9 +1,12 @@
 package config_test
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -237,4 +240,50 @@ func TestChoicesAreWhatValidateAccepts(t *testing.T) {
 		}
 		t.Setenv(config.EnvName(key), choices[0])
 	}
+}
+
+// statedDefault finds "`key` (default V" and "`key`, default V" in prose.
+var statedDefault = regexp.MustCompile("`([a-zA-Z][a-zA-Z.]*)`(?:,| \\()\\s*default\\s+`?([^\\s`,;)]+)")
+
+// TestDocsStateTheDefaults: a default the README or a page of docs/ states
+// next to its key is the key's default in the settings table.
+func TestDocsStateTheDefaults(t *testing.T) {
+	defaults := map[string]any{}
+	for _, s := range config.Settings {
+		defaults[s.Key] = s.Default
+	}
+	pages, _ := filepath.Glob(filepath.Join(stack.RepoRoot(), "docs", "*.md"))
+	checked := 0
+	for _, page := range append(pages, filepath.Join(stack.RepoRoot(), "README.md")) {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range statedDefault.FindAllStringSubmatch(string(b), -1) {
+			def, ok := defaults[m[1]]
+			if !ok {
+				continue // not a config key (a chart value, a tail option)
+			}
+			checked++
+			stated := strings.TrimSuffix(strings.TrimSuffix(m[2], "."), "/s")
+			if !sameDefault(def, stated) {
+				t.Errorf("%s says %s defaults to %s; the settings say %v", filepath.Base(page), m[1], stated, def)
+			}
+		}
+	}
+	if checked < 4 {
+		t.Errorf("found %d stated defaults in the docs; the pattern no longer matches their prose", checked)
+	}
+}
+
+func sameDefault(def any, stated string) bool {
+	switch d := def.(type) {
+	case time.Duration:
+		v, err := time.ParseDuration(stated)
+		return err == nil && v == d
+	case float64, float32, int, int64, uint64:
+		v, err := strconv.ParseFloat(stated, 64)
+		return err == nil && fmt.Sprint(v) == fmt.Sprint(d)
+	}
+	return fmt.Sprint(def) == stated
 }
