@@ -6,7 +6,6 @@ import (
 	"log"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/consumer"
@@ -45,11 +44,7 @@ func ExampleReporter() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		log.Fatal(err)
-	}
-	rep, err := consumer.NewReporter(ctx, js, "billing", "")
+	rep, err := consumer.NewReporter(ctx, nc, "billing", "")
 	if err != nil {
 		log.Fatal(err)
 	}

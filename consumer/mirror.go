@@ -196,7 +196,7 @@ func (m *Mirror) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consumer: stream %s: %w", m.o.Stream, err)
 	}
-	if m.rep, err = NewReporter(ctx, m.js, m.o.Service, m.o.ReceiptsBucket); err != nil {
+	if m.rep, err = NewReporter(ctx, m.nc, m.o.Service, m.o.ReceiptsBucket); err != nil {
 		return err
 	}
 	cons, err := stream.Consumer(ctx, m.o.Service)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
@@ -19,14 +20,19 @@ type Reporter struct {
 	kv      jetstream.KeyValue
 }
 
-// NewReporter opens the receipts bucket (studentv1.ReceiptsBucket when
-// bucket is empty; the bridge creates it) for service.
-func NewReporter(ctx context.Context, js jetstream.JetStream, service, bucket string) (*Reporter, error) {
+// NewReporter opens the receipts bucket on nc for service, as NewMirror
+// takes nc: studentv1.ReceiptsBucket when bucket is empty (the bridge
+// creates it).
+func NewReporter(ctx context.Context, nc *nats.Conn, service, bucket string) (*Reporter, error) {
 	if !studentv1.ValidServiceName(service) {
 		return nil, fmt.Errorf("consumer: service name %q: use letters, digits, '-' and '_' (up to 63)", service)
 	}
 	if bucket == "" {
 		bucket = studentv1.ReceiptsBucket
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
 	}
 	kv, err := js.KeyValue(ctx, bucket)
 	if err != nil {
