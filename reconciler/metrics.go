@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/sink"
 )
 
@@ -56,6 +57,14 @@ var Stages = []string{StageQueue, StageWriteAhead, StagePublish, StageRecord, St
 
 func init() {
 	metrics.Registry.MustRegister(eventsPublished, publishLatency, stageLatency)
+	// Every series an alert or the dashboard reads is exported from the
+	// start, at 0: a rate over a series that appears only with its first
+	// error would miss that error.
+	for _, typ := range []string{studentv1.EventTypeCreated, studentv1.EventTypeUpdated, studentv1.EventTypeDeleted, studentv1.EventTypeSnapshot} {
+		for _, result := range []string{resultSuccess, resultDuplicate, resultError} {
+			eventsPublished.WithLabelValues(typ, result)
+		}
+	}
 	for _, s := range Stages {
 		stageLatency.WithLabelValues(s) // every stage exported from the start, at 0
 	}

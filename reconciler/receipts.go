@@ -24,6 +24,9 @@ var receiptUpdates = prometheus.NewCounterVec(prometheus.CounterOpts{
 
 func init() {
 	metrics.Registry.MustRegister(receiptUpdates)
+	for _, result := range []string{"applied", "failed", "removed", "malformed", "unknownStudent"} {
+		receiptUpdates.WithLabelValues(result) // exported from the start, at 0
+	}
 }
 
 // CountReceipt counts one update of the receipts bucket by result.

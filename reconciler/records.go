@@ -34,6 +34,11 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(storeOps, recordsGauge, unsavedGauge)
+	for _, op := range []string{"load", "put", "delete"} {
+		for _, result := range []string{resultSuccess, "conflict", resultError} {
+			storeOps.WithLabelValues(op, result) // exported from the start, at 0
+		}
+	}
 }
 
 // Records is the bridge's memory of what it published: the record store

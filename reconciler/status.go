@@ -35,6 +35,8 @@ var statusWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
 
 func init() {
 	metrics.Registry.MustRegister(statusWrites)
+	statusWrites.WithLabelValues(resultSuccess)
+	statusWrites.WithLabelValues(resultError)
 }
 
 // StatusWriter writes the status view of Students after the fact: what the

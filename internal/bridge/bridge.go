@@ -98,6 +98,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	}
 	if cfg.Receipts.Bucket != "" {
 		r.Receipts = reconciler.NewReceipts(cfg.Services.Expected, nil)
+		defer r.CountServices()()
 		if err := mgr.Add(&receiptWatch{nc: nc, cfg: cfg, mgr: mgr, r: r, log: log.WithName("receipts")}); err != nil {
 			return err
 		}

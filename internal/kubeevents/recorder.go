@@ -91,6 +91,9 @@ var (
 
 func init() {
 	metrics.Registry.MustRegister(recorded, queued)
+	for _, result := range []string{"written", "failed", "dropped"} {
+		recorded.WithLabelValues(result) // exported from the start, at 0
+	}
 }
 
 // New returns a Recorder writing Events with c; scheme resolves the kinds of

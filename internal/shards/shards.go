@@ -39,6 +39,10 @@ var (
 		Name: "student_bridge_shards_held",
 		Help: "Shards this replica holds (publishes for).",
 	})
+	shardCount = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "student_bridge_shards",
+		Help: "Shards the Students are shared out by (shards.count); 0 without shards. Fewer held, summed over the replicas, means Students nobody publishes for.",
+	})
 	handovers = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "student_bridge_shard_handovers_total",
 		Help: "Shards this replica took (acquired) or gave up (released, lost), by kind.",
@@ -50,7 +54,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(shardsHeld, handovers, inFlight)
+	metrics.Registry.MustRegister(shardsHeld, shardCount, handovers, inFlight)
 }
 
 // Of is the shard of the Student namespace/name among count shards: the
@@ -125,6 +129,7 @@ func New(o Options) *Manager {
 	}
 	m := &Manager{o: o, owned: make([]bool, o.Count), inflight: make([]int, o.Count), notified: -1}
 	m.idle = sync.NewCond(&m.mu)
+	shardCount.Set(float64(o.Count))
 	return m
 }
 
