@@ -15,6 +15,7 @@ ETCD           := $(BIN)/etcd
 KUBECTL        := $(BIN)/kubectl
 CONTROL_PLANE  := $(KUBE_APISERVER) $(ETCD) $(KUBECTL)
 HELM           := $(BIN)/helm
+PROMTOOL       := $(BIN)/promtool
 CHART          := deploy/helm/student-bridge
 
 # A KUBEBUILDER_ASSETS set by the user wins over the binaries built here:
@@ -40,10 +41,12 @@ run: build $(TEST_DEPS) ## Run the bridge on a local stack (kube-apiserver + etc
 	$(BIN)/student-bridge dev --assets $(KUBEBUILDER_ASSETS)
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Generate deepcopy code, configs/student-bridge.yaml and the chart's values.schema.json.
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code, configs/student-bridge.yaml, the chart's values.schema.json and the Grafana dashboard.
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(GO) run ./hack/configdoc configs/student-bridge.yaml deploy/manager/student-bridge.yaml
 	$(GO) run ./hack/chartschema $(CHART)/values.schema.json
+	$(GO) run ./hack/dashboard deploy/monitoring/dashboard.json
+	cp deploy/monitoring/dashboard.json deploy/monitoring/alerts.yaml $(CHART)/files/
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC under deploy/ (and their copies in the Helm chart).
@@ -55,11 +58,11 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC under deploy/ (and the
 .PHONY: verify-gen
 verify-gen: $(CONTROLLER_GEN) ## Fail if generated code or manifests are stale (regenerates them in place).
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	mkdir -p "$$tmp/deploy" && cp -r api configs "$$tmp/" && cp -r deploy/crd deploy/rbac deploy/manager deploy/helm "$$tmp/deploy/"; \
+	mkdir -p "$$tmp/deploy" && cp -r api configs "$$tmp/" && cp -r deploy/crd deploy/rbac deploy/manager deploy/helm deploy/monitoring "$$tmp/deploy/"; \
 	$(MAKE) --no-print-directory -s generate manifests; \
 	if ! diff -r "$$tmp/api" api || ! diff -r "$$tmp/configs" configs || ! diff -r "$$tmp/deploy/crd" deploy/crd || \
 		! diff -r "$$tmp/deploy/rbac" deploy/rbac || ! diff -r "$$tmp/deploy/manager" deploy/manager || \
-		! diff -r "$$tmp/deploy/helm" deploy/helm; then \
+		! diff -r "$$tmp/deploy/helm" deploy/helm || ! diff -r "$$tmp/deploy/monitoring" deploy/monitoring; then \
 		echo "generated files were stale and have been regenerated: review and commit them"; exit 1; fi
 
 .PHONY: fmt
@@ -81,7 +84,7 @@ build: ## Build bin/student-bridge.
 	$(GO) build -o $(BIN)/student-bridge ./cmd/student-bridge
 
 .PHONY: test
-test: verify-gen vet $(TEST_DEPS) $(HELM) ## Check generated files, vet, and run every test with -race against a real kube-apiserver and NATS.
+test: verify-gen vet $(TEST_DEPS) $(HELM) $(PROMTOOL) ## Check generated files, vet, and run every test with -race against a real kube-apiserver and NATS.
 	$(GO) test $(TEST_FLAGS) ./...
 
 ##@ Deployment (needs a container engine and a cluster; not used by the tests)
@@ -111,7 +114,7 @@ bench: $(TEST_DEPS) ## Run the end-to-end benchmark (hours with the defaults: na
 ##@ Tools (built from the Go module proxy into bin/, once)
 
 .PHONY: tools
-tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(HELM) ## Build controller-gen, kube-apiserver, etcd, kubectl and helm.
+tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(HELM) $(PROMTOOL) ## Build controller-gen, kube-apiserver, etcd, kubectl, helm and promtool.
 
 $(CONTROLLER_GEN): $(TOOLS)/go.mod
 	cd $(TOOLS) && GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen
@@ -128,6 +131,11 @@ $(KUBE_APISERVER) $(KUBECTL) $(ETCD) &: $(TOOLS)/go.mod
 $(HELM): $(TOOLS)/helm/go.mod
 	cd $(TOOLS)/helm && GOBIN=$(BIN) $(GO) install helm.sh/helm/v4/cmd/helm
 	touch $(HELM)
+
+# promtool, for the alert rules' tests, has a module of its own too.
+$(PROMTOOL): $(TOOLS)/prometheus/go.mod
+	cd $(TOOLS)/prometheus && GOBIN=$(BIN) $(GO) install github.com/prometheus/prometheus/cmd/promtool
+	touch $(PROMTOOL)
 
 .PHONY: helm-lint
 helm-lint: $(HELM) ## Lint the Helm chart (the tests also lint it with other values).

@@ -118,6 +118,13 @@ serviceMonitor:
 podDisruptionBudget:
   enabled: false
 releaseFinalizersOnUninstall: false
+alerts:
+  enabled: true
+  labels: {release: prometheus}
+dashboard:
+  enabled: true
+verify:
+  schedule: "*/30 * * * *"
 `)
 	for name, args := range map[string][]string{"default values": nil, "non-default values": {"-f", nonDefault}} {
 		if out, err := helm(t, "", append([]string{"lint", "--strict", chartDir}, args...)...); err != nil {

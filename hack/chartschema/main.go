@@ -205,6 +205,15 @@ func valuesSchema() obj {
 			"interval": obj{"type": "string", "pattern": `^([0-9]+(ms|s|m|h))+$`, "description": "Scrape interval."},
 			"labels":   stringMap("Extra labels, e.g. for the Prometheus' serviceMonitorSelector."),
 		}),
+		"alerts": object("The alerts of deploy/monitoring/alerts.yaml as a PrometheusRule.", obj{
+			"enabled": boolean("Render it (needs the monitoring.coreos.com CRDs)."),
+			"labels":  stringMap("Extra labels, e.g. for the Prometheus' ruleSelector."),
+		}),
+		"dashboard": object("The Grafana dashboard in a ConfigMap for Grafana's dashboard sidecar.", obj{
+			"enabled":   boolean("Render it."),
+			"namespace": str("Where the ConfigMap goes; default the release's namespace."),
+			"labels":    stringMap("Its labels; the sidecar selects on grafana_dashboard: \"1\"."),
+		}),
 	})
 	s["$schema"] = "https://json-schema.org/draft/2020-12/schema"
 	return s

@@ -1,0 +1,11 @@
+//go:build tools
+
+// Package prometheus pins promtool, which checks and unit-tests the alert
+// rules (deploy/monitoring). It is a module of its own, as helm is: its
+// dependencies never mix with the other tools', and only the targets that
+// need promtool wait for its build.
+package prometheus
+
+import (
+	_ "github.com/prometheus/prometheus/cmd/promtool"
+)
