@@ -94,7 +94,7 @@ func (m *Mirror) enqueue(d *Desired, ev *event, seq uint64, catchUp bool) {
 	if seq > 0 {
 		p.seqs = append(p.seqs, seq)
 	}
-	p.change = Change{UID: d.UID, Namespace: d.Namespace, Name: d.Name, EventID: ev.id, EventType: ev.typ, Generation: d.Generation}
+	p.change = Change{UID: d.UID, Namespace: d.Namespace, Name: d.Name, EventID: ev.id, EventType: ev.typ, Generation: d.Generation, TraceParent: ev.traceparent}
 	p.latest, p.seq = d, d.Sequence
 	if ev.typ == studentv1.EventTypeDeleted {
 		p.latest = nil
@@ -138,18 +138,24 @@ func (m *Mirror) handle(ctx context.Context, uid string) {
 			return
 		}
 	}
-	err := m.o.Handler(ctx, c)
+	hctx, span := m.startApply(ctx, c)
+	err := m.o.Handler(hctx, c)
+	traceID := ""
+	if sc := span.SpanContext(); sc.HasTraceID() {
+		traceID = sc.TraceID().String()
+	}
+	endApply(span, err)
 	if err == nil {
 		if c.New == nil {
 			err = m.rep.Forget(ctx, uid)
 		} else {
-			err = m.rep.Report(ctx, receipt(c, studentv1.ResultApplied, ""))
+			err = m.rep.Report(ctx, receipt(c, studentv1.ResultApplied, "", traceID))
 		}
 		if err != nil {
 			err = fmt.Errorf("applied, but the receipt was not written: %w", err)
 		}
 	} else if c.New != nil {
-		if rerr := m.rep.Report(ctx, receipt(c, studentv1.ResultFailed, err.Error())); rerr != nil {
+		if rerr := m.rep.Report(ctx, receipt(c, studentv1.ResultFailed, err.Error(), traceID)); rerr != nil {
 			m.log.Warn("writing a failed receipt failed", "student", c.Namespace+"/"+c.Name, "reason", rerr.Error())
 		}
 	}
@@ -216,8 +222,8 @@ func (m *Mirror) ack() {
 	m.held = m.held[n:]
 }
 
-func receipt(c Change, result, message string) studentv1.Receipt {
-	return studentv1.Receipt{UID: c.UID, Namespace: c.Namespace, Name: c.Name, EventID: c.EventID,
+func receipt(c Change, result, message, traceID string) studentv1.Receipt {
+	return studentv1.Receipt{UID: c.UID, Namespace: c.Namespace, Name: c.Name, EventID: c.EventID, TraceID: traceID,
 		Generation: c.Generation, Result: result, Message: message, Time: metav1.Now()}
 }
 

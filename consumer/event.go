@@ -17,7 +17,9 @@ import (
 type event struct {
 	id, typ string
 	number  int64 // the Student sequence; 0: none
-	data    studentv1.StudentEventData
+	// traceparent is the event's W3C trace context, if it carries one.
+	traceparent string
+	data        studentv1.StudentEventData
 }
 
 func (e *event) desired(seq uint64) *Desired {
@@ -35,6 +37,7 @@ func decode(msg jetstream.Msg) (*event, error) {
 	}
 	ev := &event{id: ce.ID(), typ: ce.Type()}
 	ev.number, _ = studentv1.ParseSequence(ce.Extensions()[studentv1.ExtensionSequence])
+	ev.traceparent, _ = ce.Extensions()[studentv1.ExtensionTraceParent].(string)
 	if err := json.Unmarshal(ce.Data(), &ev.data); err != nil {
 		return nil, fmt.Errorf("data of %s: %w", ev.id, err)
 	}

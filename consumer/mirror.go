@@ -58,6 +58,10 @@ type Change struct {
 	EventID    string
 	EventType  string
 	Generation int64
+	// TraceParent is the W3C trace context the newest event carried (its
+	// traceparent attribute), empty without one. The handler's context
+	// carries the span of this change, a child of it.
+	TraceParent string
 }
 
 // Handler applies one change. It returns nil once the change is applied;

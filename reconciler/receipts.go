@@ -225,7 +225,7 @@ func serviceStatus(name string, reported map[string]studentv1.Receipt, last *stu
 		publishedID = last.ID
 	}
 	return studentv1.ServiceStatus{Name: name, State: rec.State(publishedID), AppliedEventID: rec.EventID, AppliedGeneration: rec.Generation,
-		Message: rec.Message, Time: rec.Time.DeepCopy()}
+		Message: rec.Message, Time: rec.Time.DeepCopy(), TraceID: rec.TraceID}
 }
 
 func truncate(s string, n int) string {

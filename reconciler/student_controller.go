@@ -360,7 +360,9 @@ func PatchFinalizers(ctx context.Context, c client.Client, reader client.Reader,
 // earlier record (fail closed). A Student's first event is recorded as
 // pending before it goes out, so that a bridge stopping right after the
 // publish still knows of it.
-func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student, typ string, last *studentv1.PublishedEvent) error {
+func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student, typ string, last *studentv1.PublishedEvent) (err error) {
+	ctx, span := startPublish(ctx, stu, typ)
+	defer func() { endSpan(span, err) }()
 	key := client.ObjectKeyFromObject(stu)
 	previousID := ""
 	if last != nil {
@@ -379,6 +381,7 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		seq, previousID = pending.Published.StudentSequence+1, pending.Published.ID
 	}
 	Chain(&ev, seq, previousID)
+	carryTrace(ctx, &ev)
 	rec := studentv1.StudentRecord{
 		Namespace: stu.Namespace,
 		Name:      stu.Name,
@@ -409,7 +412,9 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		}
 	}
 
-	receipt, err := send(ctx, r.Sink, ev)
+	sendCtx, sendSpan := startStep(ctx, "jetstream publish")
+	receipt, err := send(sendCtx, r.Sink, ev)
+	endSpan(sendSpan, err)
 	if err != nil {
 		r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, failureReason(err), "Publish", "publishing %s (id %s) failed: %v", typ, ev.ID(), err)
 		return r.failed(key, terminalIfInvalid(fmt.Errorf("publish %s %s: %w", typ, ev.ID(), err)))
@@ -418,7 +423,10 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 	r.Recorder.Eventf(stu, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "published %s to %s, id %s, stream sequence %d", typ, receipt.Subject, ev.ID(), receipt.Sequence)
 
 	rec.Published.Sequence = int64(receipt.Sequence)
-	if err := r.save(ctx, StageRecord, rec); err != nil {
+	recordCtx, recordSpan := startStep(ctx, "record")
+	err = r.save(recordCtx, StageRecord, rec)
+	endSpan(recordSpan, err)
+	if err != nil {
 		// The event is out: memory keeps the record, and nothing new goes
 		// out until the store takes it.
 		return r.failed(key, fmt.Errorf("record %s %s: %w", typ, ev.ID(), err))

@@ -87,6 +87,19 @@ func ParseSequence(v any) (n int64, ok bool) {
 	return n, err == nil && n > 0
 }
 
+// TraceContextAnnotation, on a Student, holds a W3C traceparent
+// ("00-<trace id>-<span id>-01") of whatever changed it: the bridge's
+// publish span continues that trace, and the CloudEvent carries it on
+// (the distributed tracing extension's traceparent), to the services.
+const TraceContextAnnotation = "opentelemetry.io/trace-context"
+
+// ExtensionTraceParent and ExtensionTraceState are the CloudEvents
+// distributed tracing extension's attributes.
+const (
+	ExtensionTraceParent = "traceparent"
+	ExtensionTraceState  = "tracestate"
+)
+
 // ConditionPublished is True when the Student's current generation and labels
 // have been published and acknowledged, and False with a reason otherwise.
 const ConditionPublished = "Published"

@@ -48,6 +48,10 @@ type Receipt struct {
 	Message string `json:"message,omitempty"`
 	// time is when the service handled the event.
 	Time metav1.Time `json:"time"`
+	// traceID is the W3C trace id of the service's handling, when it was
+	// traced (consumer.Mirror sets it): the trace that began with the
+	// change of the Student.
+	TraceID string `json:"traceID,omitempty"`
 }
 
 // ReceiptKey is the key of service's receipt for the Student with uid.
@@ -158,4 +162,9 @@ type ServiceStatus struct {
 	// time is when the service reported.
 	// +optional
 	Time *metav1.Time `json:"time,omitempty"`
+
+	// traceID is the trace of the service's handling of that event, when
+	// it was traced: look it up in the tracing backend.
+	// +optional
+	TraceID string `json:"traceID,omitempty"`
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/kubeevents"
 	"github.com/student-bridge/student-bridge/internal/natsconn"
 	"github.com/student-bridge/student-bridge/internal/scheme"
+	"github.com/student-bridge/student-bridge/internal/tracing"
 	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
@@ -50,6 +51,16 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	if err != nil {
 		return fmt.Errorf("config key nats.subjectLayout: %w", err)
 	}
+	stopTracing, err := tracing.Setup(ctx, cfg.Tracing, reconciler.ControllerName)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		// Flush the spans of the last publishes.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = stopTracing(sctx)
+	}()
 	nc, err := natsconn.Connect(cfg.NATS, ctrl.Log.WithName("nats"))
 	if err != nil {
 		return err

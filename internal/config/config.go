@@ -35,9 +35,16 @@ type Config struct {
 	Shards              Shards         `mapstructure:"shards"`
 	Services            Services       `mapstructure:"services"`
 	State               State          `mapstructure:"state"`
+	Tracing             Tracing        `mapstructure:"tracing"`
 	Deletes             Deletes        `mapstructure:"deletes"`
 	Status              Status         `mapstructure:"status"`
 	Tail                Tail           `mapstructure:"tail"`
+}
+
+// Tracing configures OpenTelemetry traces, exported over OTLP/gRPC.
+type Tracing struct {
+	Endpoint string `mapstructure:"endpoint"`
+	Insecure bool   `mapstructure:"insecure"`
 }
 
 // State configures the record store: the JetStream key-value bucket that

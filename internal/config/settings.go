@@ -33,6 +33,8 @@ var Settings = []Setting{
 	{"metricsAddr", "metrics-bind-address", ":8080", "Address of the Prometheus /metrics endpoint; \"0\" disables it."},
 	{"healthAddr", "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; \"0\" disables them."},
 	{"pprofAddr", "pprof-bind-address", "", "Address of the Go pprof endpoints (/debug/pprof/); empty disables them. Do not expose it."},
+	{"tracing.endpoint", "tracing-endpoint", "", "OTLP/gRPC endpoint (host:port) to export traces to: a span per publish, continued from a Student's opentelemetry.io/trace-context annotation and carried in the CloudEvent (traceparent). Empty: the OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT variables, else no tracing."},
+	{"tracing.insecure", "tracing-insecure", false, "Export traces without TLS (a collector on the node or in the cluster)."},
 	{"kubernetesEvents", "kubernetes-events", true, "Record a Kubernetes Event on the Student for every publish and failure."},
 	{"kubernetesEventsQPS", "kubernetes-events-qps", float64(10), "Most Kubernetes Events (each an API write) per second for the whole bridge (with shards, each replica writes the share of the shards it holds). Events wait in a queue of 1000 and beyond it are dropped and counted: they never slow publishing."},
 	{"shutdownTimeout", "shutdown-timeout", dur("30s"), "How long a graceful shutdown waits for in-flight publishes."},

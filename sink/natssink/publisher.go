@@ -101,6 +101,13 @@ func (p *Publisher) Publish(ctx context.Context, event cloudevents.Event) (sink.
 	if err != nil {
 		return sink.Receipt{}, err
 	}
+	// The W3C trace context also as a plain traceparent header, in both
+	// encodings: nats-server's message tracing follows that header (an
+	// account with msg_trace set), and tools that know no CloudEvents
+	// see it. The event itself carries it as its traceparent attribute.
+	if tp, ok := event.Extensions()["traceparent"].(string); ok && tp != "" {
+		msg.Header.Set("traceparent", tp)
+	}
 	if max := p.nc.MaxPayload(); max > 0 && int64(len(msg.Data)+headerSize(msg)) > max {
 		return sink.Receipt{}, fmt.Errorf("%w: %d bytes on %s, server allows %d", sink.ErrTooLarge, len(msg.Data)+headerSize(msg), subject, max)
 	}
