@@ -16,6 +16,7 @@ KUBECTL        := $(BIN)/kubectl
 CONTROL_PLANE  := $(KUBE_APISERVER) $(ETCD) $(KUBECTL)
 HELM           := $(BIN)/helm
 PROMTOOL       := $(BIN)/promtool
+PROMETHEUS     := $(BIN)/prometheus
 CHART          := deploy/helm/student-bridge
 
 # A KUBEBUILDER_ASSETS set by the user wins over the binaries built here:
@@ -84,7 +85,7 @@ build: ## Build bin/student-bridge.
 	$(GO) build -o $(BIN)/student-bridge ./cmd/student-bridge
 
 .PHONY: test
-test: verify-gen vet $(TEST_DEPS) $(HELM) $(PROMTOOL) ## Check generated files, vet, and run every test with -race against a real kube-apiserver and NATS.
+test: verify-gen vet $(TEST_DEPS) $(HELM) $(PROMTOOL) $(PROMETHEUS) ## Check generated files, vet, and run every test with -race against a real kube-apiserver and NATS.
 	$(GO) test $(TEST_FLAGS) ./...
 
 ##@ Deployment (needs a container engine and a cluster; not used by the tests)
@@ -114,7 +115,7 @@ bench: $(TEST_DEPS) ## Run the end-to-end benchmark (hours with the defaults: na
 ##@ Tools (built from the Go module proxy into bin/, once)
 
 .PHONY: tools
-tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(HELM) $(PROMTOOL) ## Build controller-gen, kube-apiserver, etcd, kubectl, helm and promtool.
+tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) ## Build controller-gen, kube-apiserver, etcd, kubectl, helm, promtool and prometheus.
 
 $(CONTROLLER_GEN): $(TOOLS)/go.mod
 	cd $(TOOLS) && GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen
@@ -132,10 +133,11 @@ $(HELM): $(TOOLS)/helm/go.mod
 	cd $(TOOLS)/helm && GOBIN=$(BIN) $(GO) install helm.sh/helm/v4/cmd/helm
 	touch $(HELM)
 
-# promtool, for the alert rules' tests, has a module of its own too.
-$(PROMTOOL): $(TOOLS)/prometheus/go.mod
-	cd $(TOOLS)/prometheus && GOBIN=$(BIN) $(GO) install github.com/prometheus/prometheus/cmd/promtool
-	touch $(PROMTOOL)
+# promtool and the Prometheus server, for the alerts' tests, have a module
+# of their own too.
+$(PROMTOOL) $(PROMETHEUS) &: $(TOOLS)/prometheus/go.mod
+	cd $(TOOLS)/prometheus && GOBIN=$(BIN) $(GO) install github.com/prometheus/prometheus/cmd/promtool github.com/prometheus/prometheus/cmd/prometheus
+	touch $(PROMTOOL) $(PROMETHEUS)
 
 .PHONY: helm-lint
 helm-lint: $(HELM) ## Lint the Helm chart (the tests also lint it with other values).

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +13,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -218,5 +224,170 @@ func TestChartMonitoring(t *testing.T) {
 	}
 	if board.GetNamespace() != "grafana" || board.GetLabels()["grafana_dashboard"] != "1" {
 		t.Errorf("dashboard ConfigMap in %q with labels %v, want grafana and grafana_dashboard=1", board.GetNamespace(), board.GetLabels())
+	}
+}
+
+// freePort returns a TCP port nothing listens on now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestAlertsFireOnPrometheus: a real Prometheus (bin/prometheus) scrapes a
+// running bridge and evaluates the shipped alerts (their "for" shortened to
+// 2s): with the record store refusing writes StudentBridgeRecordsUnsaved
+// fires, with NATS stopped StudentBridgeNATSDisconnected too, and both
+// resolve once NATS and the bucket are back.
+func TestAlertsFireOnPrometheus(t *testing.T) {
+	ctx := context.Background()
+	bin := filepath.Join(stack.RepoRoot(), "bin", "prometheus")
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("%v: `make test` (or `make tools`) builds it", err)
+	}
+	nats, err := stack.StartNATS(stack.NATSOptions{Port: freePort(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nats.Stop)
+	ns := stacktest.Namespace(t, st.Client, "alerts")
+	cfg := bridgetest.Config(t, st, ns, "alerts")
+	cfg.NATS.URLs = nats.URL()
+	metricsPort := freePort(t)
+	cfg.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", metricsPort)
+	bridgetest.Run(t, cfg, st.RestConfig)
+	nc := natsConnTo(t, nats.URL())
+
+	// The shipped rules, each "for" 2s so the test need not wait minutes.
+	dir := t.TempDir()
+	b, err := os.ReadFile(filepath.Join(monitoringDir, "alerts.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rules := regexp.MustCompile(`(?m)^(\s+for:) \S+$`).ReplaceAllString(string(b), "$1 2s")
+	mustWriteFile(t, filepath.Join(dir, "alerts.yaml"), rules)
+	mustWriteFile(t, filepath.Join(dir, "prometheus.yml"), fmt.Sprintf(`global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files: [alerts.yaml]
+scrape_configs:
+- job_name: student-bridge
+  static_configs:
+  - targets: ["127.0.0.1:%d"]
+    labels: {namespace: %s, pod: bridge-0}
+`, metricsPort, ns))
+	promPort := freePort(t)
+	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
+		fmt.Sprintf("--web.listen-address=127.0.0.1:%d", promPort), "--log.level=warn")
+	var logs stacktest.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	firing := func() (map[string]bool, error) {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/api/v1/alerts", promPort))
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		var body struct {
+			Data struct {
+				Alerts []struct {
+					Labels map[string]string `json:"labels"`
+					State  string            `json:"state"`
+				} `json:"alerts"`
+			} `json:"data"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+			return nil, err
+		}
+		out := map[string]bool{}
+		for _, a := range body.Data.Alerts {
+			if a.State == "firing" {
+				out[a.Labels["alertname"]] = true
+			}
+		}
+		return out, nil
+	}
+	want := func(what string, alerts map[string]bool) {
+		t.Helper()
+		stacktest.WaitFor(t, what, func() error {
+			got, err := firing()
+			if err != nil {
+				return err
+			}
+			for name, on := range alerts {
+				if got[name] != on {
+					return fmt.Errorf("%s firing: %v, want %v (firing: %v; prometheus: %s)", name, got[name], on, got, logs.String())
+				}
+			}
+			return nil
+		})
+	}
+	stu := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "wang"}, Spec: studentv1.StudentSpec{Name: "wang", School: "china"}}
+	if err := st.Client.Create(ctx, stu); err != nil {
+		t.Fatal(err)
+	}
+	want("a healthy bridge, scraped", map[string]bool{"StudentBridgeDown": false, "StudentBridgeNATSDisconnected": false, "StudentBridgeRecordsUnsaved": false})
+
+	// The bucket takes no more writes: the update goes out, its record
+	// does not.
+	limitBucket(t, nc, "KV_"+cfg.State.Bucket, 1)
+	bridgetest.Patch(t, st.Client, stu, func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
+	want("the record store refusing writes", map[string]bool{"StudentBridgeRecordsUnsaved": true, "StudentBridgeNATSDisconnected": false})
+	nats.Shutdown()
+	want("NATS stopped", map[string]bool{"StudentBridgeRecordsUnsaved": true, "StudentBridgeNATSDisconnected": true})
+	if err := nats.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	stacktest.WaitFor(t, "the test's connection back", func() error {
+		if !nc.IsConnected() {
+			return fmt.Errorf("NATS %s", nc.Status())
+		}
+		return nil
+	})
+	limitBucket(t, nc, "KV_"+cfg.State.Bucket, -1)
+	want("NATS and the bucket back", map[string]bool{"StudentBridgeRecordsUnsaved": false, "StudentBridgeNATSDisconnected": false})
+}
+
+// limitBucket sets a bucket stream's MaxMsgs (-1: no limit); with the
+// bucket's discard policy, writes beyond it are refused.
+func limitBucket(t *testing.T, nc *natsgo.Conn, stream string, maxMsgs int64) {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stacktest.WaitFor(t, "the bucket's limit set", func() error {
+		s, err := js.Stream(context.Background(), stream)
+		if err != nil {
+			return err
+		}
+		sc := s.CachedInfo().Config
+		sc.MaxMsgs = maxMsgs
+		_, err = js.UpdateStream(context.Background(), sc)
+		return err
+	})
+}
+
+func natsConnTo(t *testing.T, url string) *natsgo.Conn {
+	t.Helper()
+	nc, err := natsgo.Connect(url, natsgo.MaxReconnects(-1), natsgo.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func mustWriteFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
