@@ -139,6 +139,12 @@ $(PROMTOOL) $(PROMETHEUS) &: $(TOOLS)/prometheus/go.mod
 	cd $(TOOLS)/prometheus && GOBIN=$(BIN) $(GO) install github.com/prometheus/prometheus/cmd/promtool github.com/prometheus/prometheus/cmd/prometheus
 	touch $(PROMTOOL) $(PROMETHEUS)
 
+.PHONY: monitoring-crds
+monitoring-crds: $(CONTROLLER_GEN) ## Regenerate hack/crds: the Prometheus Operator's PrometheusRule and ServiceMonitor CRDs (from its Go types) that the chart tests install.
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	cd $(TOOLS)/prometheus && $(CONTROLLER_GEN) crd:maxDescLen=0 paths=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1 output:crd:dir="$$tmp" && \
+	mkdir -p $(ROOT)/hack/crds && cp "$$tmp"/monitoring.coreos.com_prometheusrules.yaml "$$tmp"/monitoring.coreos.com_servicemonitors.yaml $(ROOT)/hack/crds/
+
 .PHONY: helm-lint
 helm-lint: $(HELM) ## Lint the Helm chart (the tests also lint it with other values).
 	$(HELM) lint --strict $(CHART)

@@ -18,8 +18,12 @@ import (
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/yaml"
 
@@ -389,5 +393,55 @@ func mustWriteFile(t *testing.T, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestChartInstallsWithMonitoring: helm install with the ServiceMonitor,
+// the alerts and the dashboard on, against an API server with the
+// Prometheus Operator's CRDs (hack/crds, generated from its Go types by
+// `make monitoring-crds`): the API server takes the PrometheusRule and the
+// ServiceMonitor as the operator's schemas define them.
+func TestChartInstallsWithMonitoring(t *testing.T) {
+	ctx := context.Background()
+	for _, f := range []string{"monitoring.coreos.com_prometheusrules.yaml", "monitoring.coreos.com_servicemonitors.yaml"} {
+		b, err := os.ReadFile(filepath.Join(stack.RepoRoot(), "hack", "crds", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, crd := range decodeObjects(t, b) {
+			if err := st.Client.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatal(err)
+			}
+		}
+	}
+	const ns, release = "helm-monitoring", "sbmon"
+	if err := st.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	admin := userKubeconfig(t, envtest.User{Name: "helm-monitoring", Groups: []string{"system:masters"}})
+	var out string
+	stacktest.WaitFor(t, "helm install with the monitoring parts (once the CRDs serve)", func() error {
+		var err error
+		out, err = helm(t, admin, "install", release, chartDir, "-n", ns, "--set", "serviceMonitor.enabled=true",
+			"--set", "alerts.enabled=true", "--set", "dashboard.enabled=true", "--set", "releaseFinalizersOnUninstall=false")
+		if err != nil {
+			_, _ = helm(t, admin, "uninstall", release, "-n", ns, "--no-hooks", "--ignore-not-found")
+			return fmt.Errorf("%v\n%s", err, out)
+		}
+		return nil
+	})
+	t.Cleanup(func() { _, _ = helm(t, admin, "uninstall", release, "-n", ns, "--no-hooks", "--ignore-not-found") })
+	name := release + "-student-bridge"
+	for _, o := range []struct{ apiVersion, kind, name string }{
+		{"monitoring.coreos.com/v1", "PrometheusRule", name},
+		{"monitoring.coreos.com/v1", "ServiceMonitor", name},
+		{"v1", "ConfigMap", name + "-dashboard"},
+	} {
+		u := &unstructured.Unstructured{}
+		u.SetAPIVersion(o.apiVersion)
+		u.SetKind(o.kind)
+		if err := st.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: o.name}, u); err != nil {
+			t.Errorf("after install: %s %s: %v", o.kind, o.name, err)
+		}
 	}
 }
