@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"k8s.io/apimachinery/pkg/labels"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/bridgetest"
@@ -147,6 +148,18 @@ func TestVerifyFindsEachKindOfDrift(t *testing.T) {
 	}
 	if r.Err() == nil {
 		t.Error("a report with drift has no error")
+	}
+	// A label selector no Student matches: verify lists none of them, so
+	// every Student with events and no deleted event is a lost delete
+	// (for a bridge with that selector, they left its scope unannounced).
+	scoped := verifySource(cfg, nc)
+	scoped.Selector = labels.SelectorFromSet(labels.Set{"grade": "none"})
+	sr, err := verify.Verify(ctx, scoped, verify.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sr.Students != 0 || sr.Count(verify.LostDelete) != 4 {
+		t.Errorf("with a selector matching nothing: %d Students, %d lost deletes (want 0 and 4: a, d, e, f)", sr.Students, sr.Count(verify.LostDelete))
 	}
 	var out bytes.Buffer
 	if err := verify.Print(&out, r); err != nil {
