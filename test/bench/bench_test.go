@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -20,11 +22,20 @@ func TestSmoke(t *testing.T) {
 		t.Skip("short mode")
 	}
 	var out bytes.Buffer
-	err := bench(context.Background(), options{rates: []int{20}, duration: 2 * time.Second, reps: 1, students: []int{20, 40}, idle: time.Second}, &out)
+	dir := t.TempDir()
+	err := bench(context.Background(), options{rates: []int{20}, duration: 2 * time.Second, reps: 1, students: []int{20, 40}, idle: time.Second,
+		out: filepath.Join(dir, "results.md")}, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
 	table := out.String()
+	// The charts of the run, next to its results.
+	for file, want := range map[string]string{"latency.svg": "raw-informer", "memory.svg": "RSS, steady"} {
+		b, err := os.ReadFile(filepath.Join(dir, file))
+		if err != nil || !strings.Contains(string(b), "<svg") || !strings.Contains(string(b), want) {
+			t.Errorf("%s: %v; want an SVG naming %q", file, err, want)
+		}
+	}
 	t.Log("\n" + table)
 	for _, v := range variants {
 		row := regexp.MustCompile(`(?m)^\| ` + regexp.QuoteMeta(v.name) + ` \| 20 \| .*\| (\d+)/(\d+) \| (\d+) \| (\d+) \|`).FindStringSubmatch(table)

@@ -303,19 +303,32 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 		}
 		b.WriteString("\n" + idle)
 	}
+	var memory []memPoint
 	if len(o.students) > 0 {
-		mem, err := memoryAndRestart(ctx, e, o.students)
+		mem, points, err := memoryAndRestart(ctx, e, o.students)
 		if err != nil {
 			return fmt.Errorf("memory and restart: %w", err)
 		}
 		b.WriteString("\n" + mem)
+		memory = points
 	}
 	fmt.Fprint(stdout, b.String())
-	if o.out != "" {
-		if err := os.MkdirAll(filepath.Dir(o.out), 0o755); err != nil {
-			return err
-		}
-		return os.WriteFile(o.out, []byte(b.String()), 0o644)
+	if o.out == "" {
+		return nil
+	}
+	// The results, and next to them the charts of the same run.
+	dir := filepath.Dir(o.out)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(o.out, []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	if err := latencyChart(filepath.Join(dir, "latency.svg"), o.rates, results); err != nil {
+		return err
+	}
+	if len(memory) > 0 {
+		return memoryChart(filepath.Join(dir, "memory.svg"), memory)
 	}
 	return nil
 }

@@ -27,15 +27,15 @@ import (
 // memoryAndRestart runs the real binary as its own process, so its RSS and
 // Go heap are its own: at rest, with each count of published Students, and
 // the time a restart takes to be ready with them, and what it republished.
-func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error) {
+func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memPoint, error) {
 	bins, err := e.prepare()
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	bin, kubeconfig := bins.bridge, bins.config
 	const ns, stream = "bench-memory", "BENCHMEM"
 	if err := newNamespace(ctx, e, ns, true); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	metricsAddr, healthAddr, pprofAddr := freeAddr(), freeAddr(), freeAddr()
 	args := []string{"--kubeconfig", kubeconfig, "--nats-url", e.st.NATS.URL(), "--leader-elect=false",
@@ -53,7 +53,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error)
 	}
 	cmd, _, err := startProc()
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	time.Sleep(2 * time.Second)
@@ -90,17 +90,18 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error)
 		"| Students | RSS MB publishing | heap MB publishing | RSS MB steady | heap MB steady |\n| --- | --- | --- | --- | --- |\n")
 	rss0, heap0 := sample()
 	fmt.Fprintf(&b, "| 0 | %.1f | %.1f | %.1f | %.1f |\n", float64(rss0)/1024, heap0, float64(rss0)/1024, heap0)
+	points := []memPoint{{students: 0, rssPublishing: float64(rss0) / 1024, rssSteady: float64(rss0) / 1024, heapPublishing: heap0, heapSteady: heap0}}
 	created := 0
 	steady := map[int]int64{}
 	var readyAt, reconciled time.Duration
 	var republished uint64
 	for _, n := range counts {
 		if err := createStudents(ctx, e, ns, created, n); err != nil {
-			return "", err
+			return "", nil, err
 		}
 		created = n
 		if err := waitStreamMsgs(ctx, e, stream, uint64(n), 10*time.Minute); err != nil {
-			return "", err
+			return "", nil, err
 		}
 		time.Sleep(3 * time.Second) // status writes and Events after the last publish
 		rss, heap := sample()
@@ -109,7 +110,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error)
 		// Restart with every Student already published. The new process
 		// counts every publish it makes, also copies the stream would drop.
 		if readyAt, reconciled, err = restart(n); err != nil {
-			return "", err
+			return "", nil, err
 		}
 		time.Sleep(3 * time.Second)
 		republished += uint64(metricSum(metrics, "student_bridge_events_published_total{"))
@@ -117,6 +118,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error)
 		steady[n] = rssSteady
 		profile(pprofAddr, fmt.Sprintf("heap-%d-steady.pb.gz", n))
 		fmt.Fprintf(&b, "| %d | %.1f | %.1f | %.1f | %.1f |\n", n, float64(rss)/1024, heap, float64(steady[n])/1024, heapSteady)
+		points = append(points, memPoint{students: n, rssPublishing: float64(rss) / 1024, rssSteady: float64(steady[n]) / 1024, heapPublishing: heap, heapSteady: heapSteady})
 	}
 	lo, hi := counts[0], counts[len(counts)-1]
 	if hi > lo {
@@ -128,19 +130,19 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error)
 	rssBefore, heapBefore := sample()
 	n, err := writeReceipts(ctx, e, stream, benchServices)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	deadline := time.Now().Add(5 * time.Minute)
 	for metric(metrics, `student_bridge_receipts_total{result="applied"}`) < float64(n) {
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("the bridge did not read %d receipts within 5 minutes", n)
+			return "", nil, fmt.Errorf("the bridge did not read %d receipts within 5 minutes", n)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(3 * time.Second) // the status writes they cause
 	rssReceipts, heapReceipts := sample()
 	if _, _, err = restart(hi); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	time.Sleep(3 * time.Second)
 	rssSteadyR, heapSteadyR := sample()
@@ -151,12 +153,12 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error)
 	t1 := time.Now()
 	c, err := cache.New(e.st.RestConfig, cache.Options{Scheme: e.st.Client.Scheme(), DefaultNamespaces: map[string]cache.Config{ns: {}}})
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	ictx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if _, err := c.GetInformer(ictx, &studentv1.Student{}); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	go func() { _ = c.Start(ictx) }()
 	c.WaitForCacheSync(ictx)
@@ -164,7 +166,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, error)
 
 	fmt.Fprintf(&b, "\nRestart with %d published Students: ready (/readyz) after %s, every Student reconciled after %s; raw informer sync of the same Students %s; events republished (all restarts): %d.\n",
 		hi, readyAt.Round(10*time.Millisecond), reconciled.Round(10*time.Millisecond), informerSync.Round(10*time.Millisecond), republished)
-	return b.String(), nil
+	return b.String(), points, nil
 }
 
 func createStudents(ctx context.Context, e *env, ns string, from, to int) error {

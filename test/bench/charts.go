@@ -1,0 +1,90 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// memPoint is the bridge process's memory at one count of Students.
+type memPoint struct {
+	students                   int
+	rssPublishing, rssSteady   float64 // MB
+	heapPublishing, heapSteady float64 // MB
+}
+
+// latencyChart draws each variant's p99 latency (the median of its
+// repetitions) against the rate, both on log scales when there are rates
+// enough, into an SVG file.
+func latencyChart(path string, rates []int, results map[cellKey][]result) error {
+	p := plot.New()
+	p.Title.Text = "p99 latency, change made to event received (median of the repetitions)"
+	p.X.Label.Text = "changes per second"
+	p.Y.Label.Text = "p99 latency, ms"
+	if len(rates) > 1 {
+		p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+		p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	}
+	var lines []any
+	for _, v := range variants {
+		var pts plotter.XYs
+		for _, rate := range rates {
+			rs, ok := results[cellKey{v.name, rate}]
+			if !ok {
+				continue
+			}
+			if p99 := median(durations(rs, func(r result) time.Duration { return r.p99 })); p99 > 0 {
+				pts = append(pts, plotter.XY{X: float64(rate), Y: float64(p99) / float64(time.Millisecond)})
+			}
+		}
+		if len(pts) > 0 {
+			lines = append(lines, v.name, pts)
+		}
+	}
+	return save(p, path, lines)
+}
+
+// memoryChart draws the bridge's RSS and Go heap against the Students it
+// watches, while publishing them and steady after a restart.
+func memoryChart(path string, points []memPoint) error {
+	p := plot.New()
+	p.Title.Text = "Memory of the bridge process against the Students it watches"
+	p.X.Label.Text = "Students"
+	p.Y.Label.Text = "MB"
+	series := []struct {
+		name string
+		of   func(memPoint) float64
+	}{
+		{"RSS, publishing", func(m memPoint) float64 { return m.rssPublishing }},
+		{"RSS, steady", func(m memPoint) float64 { return m.rssSteady }},
+		{"heap in use, publishing", func(m memPoint) float64 { return m.heapPublishing }},
+		{"heap in use, steady", func(m memPoint) float64 { return m.heapSteady }},
+	}
+	var lines []any
+	for _, s := range series {
+		pts := make(plotter.XYs, len(points))
+		for i, m := range points {
+			pts[i] = plotter.XY{X: float64(m.students), Y: s.of(m)}
+		}
+		lines = append(lines, s.name, pts)
+	}
+	return save(p, path, lines)
+}
+
+func save(p *plot.Plot, path string, lines []any) error {
+	if len(lines) == 0 {
+		return nil
+	}
+	if err := plotutil.AddLinePoints(p, lines...); err != nil {
+		return fmt.Errorf("chart %s: %w", path, err)
+	}
+	p.Legend.Top, p.Legend.Left = true, true
+	if err := p.Save(9*vg.Inch, 6*vg.Inch, path); err != nil {
+		return fmt.Errorf("chart %s: %w", path, err)
+	}
+	return nil
+}
