@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -24,7 +25,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/yaml"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
@@ -112,8 +112,8 @@ func alertRules(t *testing.T) []alertRule {
 var metricName = regexp.MustCompile(`\b(?:student_bridge|workqueue|rest_client)_[a-z_]+\b`)
 
 // TestMonitoringMetricsExist: every metric the alerts and the dashboard
-// read is one a running bridge exports (with shards, a Student published
-// and a service expected, so that every family has a series).
+// read is one a running bridge serves on /metrics (with shards, a Student
+// published and a service expected, so that every family has a series).
 func TestMonitoringMetricsExist(t *testing.T) {
 	var exprs []string
 	for _, a := range alertRules(t) {
@@ -148,22 +148,33 @@ func TestMonitoringMetricsExist(t *testing.T) {
 		t.Fatalf("found only %d metric names in the alerts and the dashboard: %v", len(want), want)
 	}
 
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	w := bridgetest.StartWith(t, st, "monitoring", func(cfg *config.Config) {
 		cfg.Shards.Count = 2
 		cfg.Services.Expected = []string{"roster"}
+		cfg.MetricsAddr = metricsAddr
 	})
 	stu := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: w.Namespace, Name: "wang"}, Spec: studentv1.StudentSpec{Name: "wang", School: "china"}}
 	if err := st.Client.Create(context.Background(), stu); err != nil {
 		t.Fatal(err)
 	}
 	stacktest.WaitFor(t, "every metric of the alerts and the dashboard exported", func() error {
-		families, err := metrics.Registry.Gather()
+		// What Prometheus would scrape: the bridge's /metrics, its
+		// "# TYPE" lines.
+		resp, err := http.Get("http://" + metricsAddr + "/metrics")
+		if err != nil {
+			return err
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
 		if err != nil {
 			return err
 		}
 		exported := map[string]bool{}
-		for _, f := range families {
-			exported[f.GetName()] = true
+		for _, line := range strings.Split(string(body), "\n") {
+			if f := strings.Fields(line); len(f) >= 3 && f[0] == "#" && f[1] == "TYPE" {
+				exported[f[2]] = true
+			}
 		}
 		var missing []string
 		for name := range want {
