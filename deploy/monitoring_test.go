@@ -32,6 +32,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
+	"github.com/student-bridge/student-bridge/reconciler"
 )
 
 var monitoringDir = filepath.Join(stack.RepoRoot(), "deploy", "monitoring")
@@ -255,9 +256,9 @@ func freePort(t *testing.T) int {
 
 // TestAlertsFireOnPrometheus: a real Prometheus (bin/prometheus) scrapes a
 // running bridge and evaluates the shipped alerts (their "for" shortened to
-// 2s): with the record store refusing writes StudentBridgeRecordsUnsaved
-// fires, with NATS stopped StudentBridgeNATSDisconnected too, and both
-// resolve once NATS and the bucket are back.
+// 2s): with the record store gone StudentBridgeRecordsUnsaved fires, with
+// NATS stopped StudentBridgeNATSDisconnected too, and both resolve once
+// NATS and the bucket are back.
 func TestAlertsFireOnPrometheus(t *testing.T) {
 	ctx := context.Background()
 	bin := filepath.Join(stack.RepoRoot(), "bin", "prometheus")
@@ -349,12 +350,36 @@ scrape_configs:
 		t.Fatal(err)
 	}
 	want("a healthy bridge, scraped", map[string]bool{"StudentBridgeDown": false, "StudentBridgeNATSDisconnected": false, "StudentBridgeRecordsUnsaved": false})
+	// The Student published and recorded before the bucket is limited: a
+	// limit reached before its first record would refuse the write-ahead,
+	// and the bridge would publish nothing (fail closed) rather than leave
+	// a record unsaved.
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stacktest.WaitFor(t, "the Student's record written", func() error {
+		kv, err := js.KeyValue(ctx, cfg.State.Bucket)
+		if err != nil {
+			return err
+		}
+		e, err := kv.Get(ctx, string(stu.UID))
+		if err != nil {
+			return err
+		}
+		if rec, ok := reconciler.ParseRecord(e.Key(), e.Value()); !ok || rec.Pending {
+			return fmt.Errorf("record %q not written yet", e.Value())
+		}
+		return nil
+	})
 
-	// The bucket takes no more writes: the update goes out, its record
-	// does not.
-	limitBucket(t, nc, "KV_"+cfg.State.Bucket, 1)
+	// The record store is gone: the update goes out, its record cannot be
+	// written.
+	if err := js.DeleteKeyValue(ctx, cfg.State.Bucket); err != nil {
+		t.Fatal(err)
+	}
 	bridgetest.Patch(t, st.Client, stu, func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
-	want("the record store refusing writes", map[string]bool{"StudentBridgeRecordsUnsaved": true, "StudentBridgeNATSDisconnected": false})
+	want("the record store gone", map[string]bool{"StudentBridgeRecordsUnsaved": true, "StudentBridgeNATSDisconnected": false})
 	nats.Shutdown()
 	want("NATS stopped", map[string]bool{"StudentBridgeRecordsUnsaved": true, "StudentBridgeNATSDisconnected": true})
 	if err := nats.Restart(); err != nil {
@@ -366,28 +391,11 @@ scrape_configs:
 		}
 		return nil
 	})
-	limitBucket(t, nc, "KV_"+cfg.State.Bucket, -1)
-	want("NATS and the bucket back", map[string]bool{"StudentBridgeRecordsUnsaved": false, "StudentBridgeNATSDisconnected": false})
-}
-
-// limitBucket sets a bucket stream's MaxMsgs (-1: no limit); with the
-// bucket's discard policy, writes beyond it are refused.
-func limitBucket(t *testing.T, nc *natsgo.Conn, stream string, maxMsgs int64) {
-	t.Helper()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stacktest.WaitFor(t, "the bucket's limit set", func() error {
-		s, err := js.Stream(context.Background(), stream)
-		if err != nil {
-			return err
-		}
-		sc := s.CachedInfo().Config
-		sc.MaxMsgs = maxMsgs
-		_, err = js.UpdateStream(context.Background(), sc)
+	stacktest.WaitFor(t, "the record store back", func() error {
+		_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: cfg.State.Bucket, History: 1})
 		return err
 	})
+	want("NATS and the bucket back", map[string]bool{"StudentBridgeRecordsUnsaved": false, "StudentBridgeNATSDisconnected": false})
 }
 
 func natsConnTo(t *testing.T, url string) *natsgo.Conn {
