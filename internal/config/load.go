@@ -6,6 +6,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,11 +46,7 @@ func NewSnapshotLoader(fs *pflag.FlagSet) *Loader {
 	l := newLoader()
 	l.validate = (*Config).validateConnection
 	l.addFlags(fs, connectionSettings())
-	for _, s := range Settings {
-		if s.Key == "snapshot.requestSubject" {
-			l.addFlags(fs, []Setting{s})
-		}
-	}
+	l.addFlags(fs, settingsNamed("snapshot.requestSubject"))
 	return l
 }
 
@@ -60,12 +57,7 @@ func NewServicesLoader(fs *pflag.FlagSet) *Loader {
 	l := newLoader()
 	l.validate = (*Config).validateConnection
 	l.addFlags(fs, connectionSettings())
-	for _, s := range Settings {
-		switch s.Key {
-		case "state.bucket", "receipts.bucket", "services.expected":
-			l.addFlags(fs, []Setting{s})
-		}
-	}
+	l.addFlags(fs, settingsNamed("state.bucket", "receipts.bucket", "services.expected"))
 	return l
 }
 
@@ -76,12 +68,7 @@ func NewVerifyLoader(fs *pflag.FlagSet) *Loader {
 	l := newLoader()
 	l.validate = (*Config).validateVerify
 	l.addFlags(fs, connectionSettings())
-	for _, s := range Settings {
-		switch s.Key {
-		case "kubeconfig", "master", "cluster", "namespaces", "labelSelector", "state.bucket":
-			l.addFlags(fs, []Setting{s})
-		}
-	}
+	l.addFlags(fs, settingsNamed("kubeconfig", "master", "cluster", "namespaces", "labelSelector", "state.bucket"))
 	return l
 }
 
@@ -99,6 +86,17 @@ func NewReleaseLoader(fs *pflag.FlagSet) *Loader {
 		}
 	}
 	return l
+}
+
+// settingsNamed returns the settings of keys, in the table's order.
+func settingsNamed(keys ...string) []Setting {
+	var out []Setting
+	for _, s := range Settings {
+		if slices.Contains(keys, s.Key) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 func connectionSettings() []Setting {

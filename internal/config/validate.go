@@ -122,6 +122,11 @@ func (c *Config) Validate() error {
 			return bad(addr.key, "%q is not host:port: %v", addr.val, err)
 		}
 	}
+	return c.validateKubeconfig()
+}
+
+// validateKubeconfig checks that a kubeconfig named is there.
+func (c *Config) validateKubeconfig() error {
 	if c.Kubeconfig != "" {
 		if _, err := os.Stat(c.Kubeconfig); err != nil {
 			return bad("kubeconfig", "%v", err)
@@ -138,12 +143,7 @@ func (c *Config) validateRelease() error {
 	case c.LeaderElection.Enabled && c.LeaderElection.RetryPeriod <= 0:
 		return bad("leaderElection.retryPeriod", "%s must be positive", c.LeaderElection.RetryPeriod)
 	}
-	if c.Kubeconfig != "" {
-		if _, err := os.Stat(c.Kubeconfig); err != nil {
-			return bad("kubeconfig", "%v", err)
-		}
-	}
-	return nil
+	return c.validateKubeconfig()
 }
 
 // validateVerify checks the keys `student-bridge verify` uses.
@@ -154,12 +154,7 @@ func (c *Config) validateVerify() error {
 	if _, err := labels.Parse(c.LabelSelector); err != nil {
 		return bad("labelSelector", "%v", err)
 	}
-	if c.Kubeconfig != "" {
-		if _, err := os.Stat(c.Kubeconfig); err != nil {
-			return bad("kubeconfig", "%v", err)
-		}
-	}
-	return nil
+	return c.validateKubeconfig()
 }
 
 // ValidateTail checks the keys `student-bridge tail` uses.
