@@ -375,10 +375,11 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		return r.failed(key, reconcile.TerminalError(err))
 	}
 	seq := Sequence(typ, last)
-	if pending, ok := r.Records.Get(stu.UID); ok && pending.Pending && pending.Published.ID != ev.ID() {
+	stored, known := r.Records.Get(stu.UID)
+	if known && stored.Pending && stored.Published.ID != ev.ID() {
 		// The first event may be out already (its record is pending):
 		// this one counts on from it, so no two events share a number.
-		seq, previousID = pending.Published.StudentSequence+1, pending.Published.ID
+		seq, previousID = stored.Published.StudentSequence+1, stored.Published.ID
 	}
 	Chain(&ev, seq, previousID)
 	carryTrace(ctx, &ev)
@@ -402,7 +403,7 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, studentv1.ReasonPublishFailed, "Publish", "%v", err)
 		return r.failed(key, err)
 	}
-	if _, known := r.Records.Get(stu.UID); !known {
+	if !known {
 		pending := rec
 		pending.Pending = true
 		if err := r.save(ctx, StageWriteAhead, pending); err != nil {
