@@ -93,6 +93,8 @@ type StudentReconciler struct {
 	seen sync.Map // types.NamespacedName -> time.Time
 	// catchUp receives the records of Students the cache does not have.
 	catchUp chan event.TypedGenericEvent[*studentv1.Student]
+	// caughtUp tracks what catch-ups queued until it is reconciled.
+	caughtUp catchUp
 
 	inFlight atomic.Int32 // reconciles running now
 }
@@ -111,6 +113,13 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	if t, ok := r.seen.LoadAndDelete(req.NamespacedName); ok {
 		since(StageQueue, t.(time.Time))
 	}
+	defer func() {
+		// Done with, for a catch-up: reconciled, or it cannot be until
+		// the Student changes (a terminal error).
+		if err == nil && result.IsZero() || errors.Is(err, reconcile.TerminalError(nil)) {
+			r.caughtUp.done(req.NamespacedName)
+		}
+	}()
 	if r.Shards != nil {
 		done, ok := r.Shards.Begin(req.NamespacedName)
 		if !ok {
@@ -522,6 +531,11 @@ func (r *StudentReconciler) cachedAndGone(ctx context.Context, cached client.Rea
 // enqueue hands objs to the controller as cache events would, and returns
 // how many it handed over before ctx ended.
 func (r *StudentReconciler) enqueue(ctx context.Context, objs []*studentv1.Student) (int, error) {
+	keys := make([]types.NamespacedName, len(objs))
+	for i, o := range objs {
+		keys[i] = client.ObjectKeyFromObject(o)
+	}
+	r.caughtUp.add(keys...)
 	for i, o := range objs {
 		select {
 		case r.catchUp <- event.TypedGenericEvent[*studentv1.Student]{Object: o}:
@@ -595,10 +609,14 @@ func (r *StudentReconciler) Unpublished(ctx context.Context, cached client.Reade
 // SetupWithManager registers the reconciler with mgr.
 func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
 	r.catchUp = make(chan event.TypedGenericEvent[*studentv1.Student], 1024)
+	if opts.NewQueue == nil {
+		// A catch-up waits behind live changes for LowPriorityWait at most.
+		opts.NewQueue = newAgingQueue(LowPriorityWait, mgr.GetLogger().WithName("queue"))
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
 		// stamp last: it sees only what reaches the queue.
-		For(&studentv1.Student{}, builder.WithPredicates(changePredicate(), r.ours(), r.rememberGone(), r.stamp())).
+		For(&studentv1.Student{}, builder.WithPredicates(changePredicate(), r.ours(), r.rememberGone(), r.trackInitialList(), r.stamp())).
 		WatchesRawSource(source.Channel(r.catchUp, &handler.TypedEnqueueRequestForObject[*studentv1.Student]{})).
 		WithOptions(opts).
 		Complete(r)

@@ -115,6 +115,9 @@ type recordLoader struct {
 func (l *recordLoader) NeedLeaderElection() bool { return true }
 
 func (l *recordLoader) Start(ctx context.Context) error {
+	// The start's catch-up is not over before the records of Students
+	// gone meanwhile are queued.
+	defer l.r.HoldCatchUp()()
 	// The records load while the cache syncs: a restart waits for the
 	// longer of the two, not for both in turn.
 	bucket := natssink.BucketConfig{Name: l.cfg.State.Bucket, Storage: l.cfg.State.Storage, Replicas: l.cfg.State.Replicas, Timeout: l.cfg.NATS.AckTimeout, Mover: l.mover}

@@ -1,0 +1,158 @@
+package bridge_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/reconciler"
+)
+
+// TestCatchUpUnderLoad: a restart's catch-up (the watch's initial list,
+// which controller-runtime queues below live changes) finishes while live
+// changes keep every worker busy, within reconciler.LowPriorityWait and a
+// few times the same catch-up with nothing else to do.
+func TestCatchUpUnderLoad(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "catchup")
+	// One worker, and NATS behind a link that delays what it carries: a
+	// live change's publish and record take tens of milliseconds, so the
+	// changes below arrive faster than the worker publishes them.
+	cfg.Workers = 1
+	link, err := stack.NewLink(strings.TrimPrefix(st.NATS.URL(), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(link.Close)
+	cfg.NATS.URLs = "nats://" + link.Addr()
+
+	const quiet, busy = 300, 30
+	for i := range quiet + busy {
+		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%d", i), "wang", "china")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := startBridge(t, cfg)
+	waitStream(t, natsConn(t), cfg.NATS.Stream.Name, quiet+busy)
+	stop()
+
+	idle := catchUpAfterStart(t, func() { stop = startBridge(t, cfg) }, 2*time.Minute)
+	stop()
+	t.Logf("catch-up of %d Students with nothing else to do: %s", quiet+busy, idle)
+
+	link.SetDelay(10 * time.Millisecond)
+	loadCtx, endLoad := context.WithCancel(ctx)
+	var changes atomic.Int64
+	loadDone := make(chan error, 1)
+	go func() {
+		for i := 0; loadCtx.Err() == nil; i++ {
+			var s studentv1.Student
+			err := st.Client.Get(loadCtx, client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("s%d", quiet+i%busy)}, &s)
+			if err == nil {
+				s.Spec.School = fmt.Sprintf("school %d", i)
+				err = st.Client.Update(loadCtx, &s)
+			}
+			if err != nil && loadCtx.Err() == nil && !apierrors.IsConflict(err) {
+				loadDone <- err
+				return
+			}
+			changes.Add(1)
+			time.Sleep(5 * time.Millisecond)
+		}
+		loadDone <- nil
+	}()
+	// The load runs before the bridge starts: its queue holds live changes
+	// from the first moment.
+	time.Sleep(time.Second)
+	// Live changes queued before the catch-up is raised to their
+	// priority: at most one per busy Student.
+	var deepest float64
+	started := time.Now()
+	bound := reconciler.LowPriorityWait + 4*idle + 5*time.Second
+	loaded := catchUpAfterStart(t, func() { stop = startBridge(t, cfg) }, bound+30*time.Second, func() {
+		if time.Since(started) < reconciler.LowPriorityWait {
+			deepest = max(deepest, gauge(t, "workqueue_depth", "priority", "0"))
+		}
+	})
+	endLoad()
+	if err := <-loadDone; err != nil {
+		t.Fatalf("the load: %v", err)
+	}
+	t.Logf("catch-up under %d live changes: %s (bound %s); live changes queued at most: %.0f", changes.Load(), loaded, bound, deepest)
+	if deepest < 5 {
+		t.Fatalf("the live changes did not keep the worker busy (at most %.0f queued): the test proves nothing", deepest)
+	}
+	if loaded > bound {
+		t.Errorf("catch-up under load took %s, more than LowPriorityWait + 4x the idle catch-up (%s) + 5s = %s", loaded, idle, bound)
+	}
+	stop()
+}
+
+// catchUpAfterStart calls start and returns how long the catch-up it
+// causes took, as student_bridge_catch_up_duration_seconds observed it;
+// sample runs while it waits.
+func catchUpAfterStart(t *testing.T, start func(), timeout time.Duration, sample ...func()) time.Duration {
+	t.Helper()
+	count0, sum0 := histogram(t, "student_bridge_catch_up_duration_seconds")
+	start()
+	deadline := time.Now().Add(timeout)
+	for {
+		for _, f := range sample {
+			f()
+		}
+		if count, sum := histogram(t, "student_bridge_catch_up_duration_seconds"); count > count0 {
+			return time.Duration((sum - sum0) * float64(time.Second))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no catch-up ended within %s; %d Students still queued by it", timeout, int(gauge(t, "student_bridge_catch_up_students")))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// histogram is the sample count and sum of the histogram name in this
+// process's controller-runtime registry.
+func histogram(t *testing.T, name string) (uint64, float64) {
+	h := metricOf(t, name).GetHistogram()
+	return h.GetSampleCount(), h.GetSampleSum()
+}
+
+// gauge is the value of the gauge name (with label=value, if given).
+func gauge(t *testing.T, name string, labelValue ...string) float64 {
+	return metricOf(t, name, labelValue...).GetGauge().GetValue()
+}
+
+func metricOf(t *testing.T, name string, labelValue ...string) *dto.Metric {
+	t.Helper()
+	families, err := crmetrics.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if len(labelValue) < 2 {
+				return m
+			}
+			for _, l := range m.GetLabel() {
+				if l.GetName() == labelValue[0] && l.GetValue() == labelValue[1] {
+					return m
+				}
+			}
+		}
+	}
+	return &dto.Metric{}
+}

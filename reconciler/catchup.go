@@ -1,0 +1,135 @@
+package reconciler
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+)
+
+var (
+	catchUpPending = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "student_bridge_catch_up_students",
+		Help: "Students a catch-up queued (a start's initial list, the records of Students gone while no bridge ran, a gained shard) and not yet reconciled.",
+	})
+	catchUpDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "student_bridge_catch_up_duration_seconds",
+		Help:    "How long each catch-up took, from its first Student queued to its last reconciled.",
+		Buckets: prometheus.ExponentialBuckets(0.1, 2, 14),
+	})
+)
+
+func init() { metrics.Registry.MustRegister(catchUpPending, catchUpDuration) }
+
+// catchUp tracks the Students the bridge must look at again because it was
+// away from them: after a start (the watch's initial list, and the records
+// whose Students are gone) or when it gained a shard. A catch-up ends when
+// every one of them was reconciled without an error and nothing holds it
+// open.
+type catchUp struct {
+	mu      sync.Mutex
+	pending map[types.NamespacedName]struct{}
+	holds   int
+	started time.Time
+	queued  int
+}
+
+// add counts keys as queued by a catch-up.
+func (c *catchUp) add(keys ...types.NamespacedName) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pending == nil {
+		c.pending = map[types.NamespacedName]struct{}{}
+	}
+	c.begin()
+	for _, k := range keys {
+		if _, ok := c.pending[k]; !ok {
+			c.pending[k] = struct{}{}
+			c.queued++
+		}
+	}
+	catchUpPending.Set(float64(len(c.pending)))
+}
+
+// hold keeps a catch-up open until release is called: while more of it is
+// still to be queued.
+func (c *catchUp) hold() (release func()) {
+	c.mu.Lock()
+	c.begin()
+	c.holds++
+	c.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.holds--
+			c.endIfDone()
+		})
+	}
+}
+
+// done counts key as reconciled.
+func (c *catchUp) done(key types.NamespacedName) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.pending[key]; !ok {
+		return
+	}
+	delete(c.pending, key)
+	catchUpPending.Set(float64(len(c.pending)))
+	c.endIfDone()
+}
+
+// begin starts a catch-up if none is going on.
+func (c *catchUp) begin() {
+	if len(c.pending) == 0 && c.holds == 0 {
+		c.started, c.queued = time.Now(), 0
+	}
+}
+
+func (c *catchUp) endIfDone() {
+	if len(c.pending) > 0 || c.holds > 0 || c.started.IsZero() {
+		return
+	}
+	took := time.Since(c.started)
+	catchUpDuration.Observe(took.Seconds())
+	ctrl.Log.WithName("catch-up").Info("caught up: every Student queued was reconciled", "students", c.queued, "took", took.Round(time.Millisecond).String())
+	c.started = time.Time{}
+}
+
+// Pending is how many Students the current catch-up has still to
+// reconcile.
+func (c *catchUp) Pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pending)
+}
+
+// HoldCatchUp keeps the start's catch-up open until release is called:
+// call it before the records load, and release once the records of
+// Students gone while no bridge ran are queued (CatchUp).
+func (r *StudentReconciler) HoldCatchUp() (release func()) { return r.caughtUp.hold() }
+
+// CatchUpPending is how many Students queued by a catch-up are not
+// reconciled yet.
+func (r *StudentReconciler) CatchUpPending() int { return r.caughtUp.Pending() }
+
+// trackInitialList counts the Students of the watch's initial list as a
+// catch-up: the bridge was away from them.
+func (r *StudentReconciler) trackInitialList() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc: func(e event.CreateEvent) bool {
+			if e.IsInInitialList {
+				r.caughtUp.add(client.ObjectKeyFromObject(e.Object))
+			}
+			return true
+		},
+	}
+}

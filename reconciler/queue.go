@@ -1,0 +1,148 @@
+package reconciler
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/controller/priorityqueue"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+)
+
+// LowPriorityWait is the longest a Student queued below the default
+// priority waits before it is raised to it.
+//
+// controller-runtime's priority queue gives the Students of a watch's
+// initial list (a restart's catch-up) a low priority, so live changes go
+// first. Under a steady stream of live changes that keeps the workers
+// busy, the low ones would never come out (controller-runtime#3496), and
+// they are where the deletes made while no bridge ran get published.
+// Raised after LowPriorityWait, they take their turn behind what is
+// queued then, ahead of what comes later: live changes go first while
+// there is room for both, and a catch-up cannot be starved.
+const LowPriorityWait = 5 * time.Second
+
+// agingQueue is controller-runtime's priority queue in which an item below
+// the default priority is raised to it after maxWait. A retry (rate
+// limited, or after a delay) is queued at the default priority at once:
+// it was tried already, and raising a waiting item would cut its backoff
+// short.
+type agingQueue struct {
+	priorityqueue.PriorityQueue[reconcile.Request]
+	maxWait time.Duration
+
+	mu   sync.Mutex
+	low  map[reconcile.Request]time.Time // when each item below the default priority was queued
+	stop chan struct{}
+	once sync.Once
+}
+
+// newAgingQueue returns what controller.Options.NewQueue takes.
+func newAgingQueue(maxWait time.Duration, log logr.Logger) func(string, workqueue.TypedRateLimiter[reconcile.Request]) workqueue.TypedRateLimitingInterface[reconcile.Request] {
+	return func(name string, rl workqueue.TypedRateLimiter[reconcile.Request]) workqueue.TypedRateLimitingInterface[reconcile.Request] {
+		q := &agingQueue{
+			PriorityQueue: priorityqueue.New(name, func(o *priorityqueue.Opts[reconcile.Request]) {
+				o.RateLimiter = rl
+				o.Log = log
+			}),
+			maxWait: maxWait,
+			low:     map[reconcile.Request]time.Time{},
+			stop:    make(chan struct{}),
+		}
+		go q.raise()
+		return q
+	}
+}
+
+func (q *agingQueue) AddWithOpts(o priorityqueue.AddOpts, items ...reconcile.Request) {
+	low := o.Priority != nil && *o.Priority < 0
+	if low && (o.RateLimited || o.After > 0) {
+		o.Priority, low = nil, false
+	}
+	now := time.Now()
+	q.mu.Lock()
+	for _, it := range items {
+		switch _, queued := q.low[it]; {
+		case low && !queued:
+			q.low[it] = now
+		case !low:
+			delete(q.low, it) // at the default priority now
+		}
+	}
+	q.mu.Unlock()
+	q.PriorityQueue.AddWithOpts(o, items...)
+}
+
+func (q *agingQueue) Add(item reconcile.Request) {
+	q.AddWithOpts(priorityqueue.AddOpts{}, item)
+}
+
+func (q *agingQueue) AddAfter(item reconcile.Request, after time.Duration) {
+	q.AddWithOpts(priorityqueue.AddOpts{After: after}, item)
+}
+
+func (q *agingQueue) AddRateLimited(item reconcile.Request) {
+	q.AddWithOpts(priorityqueue.AddOpts{RateLimited: true}, item)
+}
+
+func (q *agingQueue) GetWithPriority() (reconcile.Request, int, bool) {
+	item, priority, shutdown := q.PriorityQueue.GetWithPriority()
+	q.taken(item)
+	return item, priority, shutdown
+}
+
+func (q *agingQueue) Get() (reconcile.Request, bool) {
+	item, shutdown := q.PriorityQueue.Get()
+	q.taken(item)
+	return item, shutdown
+}
+
+func (q *agingQueue) taken(item reconcile.Request) {
+	q.mu.Lock()
+	delete(q.low, item)
+	q.mu.Unlock()
+}
+
+func (q *agingQueue) ShutDown() {
+	q.once.Do(func() { close(q.stop) })
+	q.PriorityQueue.ShutDown()
+}
+
+func (q *agingQueue) ShutDownWithDrain() {
+	q.once.Do(func() { close(q.stop) })
+	q.PriorityQueue.ShutDownWithDrain()
+}
+
+// raise raises, every quarter of maxWait, the items that have waited
+// maxWait below the default priority. One taken by a worker in between is
+// queued once more: a second reconcile, which publishes nothing new.
+func (q *agingQueue) raise() {
+	tick := time.NewTicker(max(q.maxWait/4, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-q.stop:
+			return
+		case now := <-tick.C:
+			var due []reconcile.Request
+			q.mu.Lock()
+			for it, t := range q.low {
+				if now.Sub(t) >= q.maxWait {
+					due = append(due, it)
+				}
+			}
+			// In the order they were queued.
+			slices.SortFunc(due, func(a, b reconcile.Request) int { return q.low[a].Compare(q.low[b]) })
+			for _, it := range due {
+				delete(q.low, it)
+			}
+			q.mu.Unlock()
+			if len(due) > 0 {
+				q.PriorityQueue.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(0)}, due...)
+			}
+		}
+	}
+}
