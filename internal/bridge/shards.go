@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -39,20 +40,24 @@ func addShards(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config, r 
 	}
 	count := cfg.Shards.Count
 	of := func(key types.NamespacedName) int { return shards.Of(key.Namespace, key.Name, count) }
+	in := func(set []int) func(types.NamespacedName) bool {
+		return func(key types.NamespacedName) bool { return slices.Contains(set, of(key)) }
+	}
 	m := shards.New(shards.Options{
 		Client: c, Namespace: leaseNamespace(cfg), Name: cfg.LeaderElection.ID, Count: count, Identity: identity(),
 		LeaseDuration: cfg.LeaderElection.LeaseDuration, RenewDeadline: cfg.LeaderElection.RenewDeadline, RetryPeriod: cfg.LeaderElection.RetryPeriod,
-		Load: func(ctx context.Context, n int) error {
+		Load: func(ctx context.Context, gained []int) error {
+			ours := in(gained)
 			return r.Records.ReloadWhere(ctx, func(rec studentv1.StudentRecord) bool {
-				return of(types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}) == n
+				return ours(types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name})
 			})
 		},
-		Enqueue: func(ctx context.Context, n int) {
+		Enqueue: func(ctx context.Context, gained []int) {
 			if !mgr.GetCache().WaitForCacheSync(ctx) {
 				return
 			}
-			if _, err := r.EnqueueShard(ctx, mgr.GetClient(), func(key types.NamespacedName) bool { return of(key) == n }); err != nil && ctx.Err() == nil {
-				log.Error(err, "queueing the Students of a gained shard", "shard", n)
+			if _, err := r.EnqueueShard(ctx, mgr.GetClient(), in(gained)); err != nil && ctx.Err() == nil {
+				log.Error(err, "queueing the Students of gained shards", "shards", gained)
 			}
 		},
 		// status.qps and kubernetesEventsQPS are the whole bridge's: each

@@ -95,11 +95,12 @@ type Options struct {
 	// LeaseDuration). RetryPeriod: how often Leases are read and shards
 	// contested.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
-	// Load prepares a shard this replica gained (its records); the shard
-	// counts as held only once it returned nil.
-	Load func(ctx context.Context, shard int) error
-	// Enqueue queues the Students of a shard this replica now holds.
-	Enqueue func(ctx context.Context, shard int)
+	// Load prepares the shards this replica gained in one step (their
+	// records), in one go for all of them; they count as held only once it
+	// returned nil.
+	Load func(ctx context.Context, shards []int) error
+	// Enqueue queues the Students of shards this replica now holds.
+	Enqueue func(ctx context.Context, shards []int)
 	// Held, if set, is told how many shards this replica holds whenever
 	// that changes (0 at start), e.g. to take its share of budgets that
 	// are the whole bridge's.
@@ -272,19 +273,20 @@ func (m *Manager) step(ctx context.Context) error {
 		}
 	}
 	// A shard whose Lease names this replica but which it gave up after a
-	// record write conflicted is taken again (its records reloaded) before
-	// anything else: no other replica may take it while the Lease names a
-	// live one, and the conflict may have been this replica's own write,
-	// retried after a NATS leader election stored it, not another's.
-	for n, l := range shards {
-		if holder(l) == m.o.Identity && !m.owns(n) {
-			_ = m.acquire(ctx, n, l, now)
+	// record write conflicted is taken again (its records reloaded)
+	// whatever the target: no other replica may take it while the Lease
+	// names a live one, and the conflict may have been this replica's own
+	// write, retried after a NATS leader election stored it, not another's.
+	claimed := map[int]*coordinationv1.Lease{}
+	for n := range m.o.Count {
+		if l := shards[n]; l != nil && holder(l) == m.o.Identity && !m.owns(n) && m.claim(ctx, l, now) == nil {
+			claimed[n] = l
 		}
 	}
-	held := m.Held()
 	// More than the target: release the rest.
-	for i := target; i < len(held); i++ {
-		n := held[len(held)-1-(i-target)]
+	held := m.Held()
+	for i := 0; i < len(held)+len(claimed)-target && i < len(held); i++ {
+		n := held[len(held)-1-i]
 		m.giveUp(n, "released")
 		if l := shards[n]; l != nil {
 			l.Spec.HolderIdentity = ptr.To("")
@@ -292,21 +294,22 @@ func (m *Manager) step(ctx context.Context) error {
 		}
 	}
 	// Take free or abandoned shards up to the fair share.
-	free := []int{}
 	for n := range m.o.Count {
-		if l := shards[n]; l == nil || !members[holder(l)] || holder(l) == m.o.Identity && !m.owns(n) {
-			free = append(free, n)
-		}
-	}
-	sort.Ints(free)
-	for _, n := range free {
-		if len(m.Held()) >= target {
+		if len(m.Held())+len(claimed) >= target {
 			break
 		}
-		if err := m.acquire(ctx, n, shards[n], now); err != nil {
-			continue
+		l := shards[n]
+		if l != nil && members[holder(l)] {
+			continue // held by a live replica (this one included)
+		}
+		if l == nil {
+			l = m.newShardLease(n)
+		}
+		if m.claim(ctx, l, now) == nil {
+			claimed[n] = l
 		}
 	}
+	m.takeOver(ctx, claimed)
 	m.notify()
 	return nil
 }
@@ -330,36 +333,51 @@ func (m *Manager) owns(n int) bool {
 	return m.owned[n]
 }
 
-// acquire takes shard n (Lease l, nil if it does not exist yet) with a
-// conditional write, then loads it and queues its Students.
-func (m *Manager) acquire(ctx context.Context, n int, l *coordinationv1.Lease, now time.Time) error {
-	if l == nil {
-		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: m.o.Namespace, Name: m.shardLease(n),
-			Labels:      map[string]string{LabelBridge: m.o.Name, LabelRole: RoleShard},
-			Annotations: map[string]string{annotationShard: strconv.Itoa(n)}}}
-		m.fill(l, now, 0)
-		if err := m.o.Client.Create(ctx, l); err != nil {
-			return err
-		}
-	} else {
-		m.fill(l, now, 0)
-		if err := m.o.Client.Update(ctx, l); err != nil {
-			return err // another replica was quicker
-		}
+// newShardLease is shard n's Lease, not yet created.
+func (m *Manager) newShardLease(n int) *coordinationv1.Lease {
+	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: m.o.Namespace, Name: m.shardLease(n),
+		Labels:      map[string]string{LabelBridge: m.o.Name, LabelRole: RoleShard},
+		Annotations: map[string]string{annotationShard: strconv.Itoa(n)}}}
+}
+
+// claim writes shard Lease l as held by this replica, conditionally on its
+// resourceVersion (creating it if it has none): only one replica gets it.
+func (m *Manager) claim(ctx context.Context, l *coordinationv1.Lease, now time.Time) error {
+	m.fill(l, now, 0)
+	if l.ResourceVersion == "" {
+		return m.o.Client.Create(ctx, l)
 	}
-	if err := m.o.Load(ctx, n); err != nil {
-		m.o.Log.Info("loading a gained shard failed; releasing it", "shard", n, "reason", err.Error())
-		l.Spec.HolderIdentity = ptr.To("")
-		_ = m.o.Client.Update(ctx, l)
-		return err
+	return m.o.Client.Update(ctx, l) // fails if another replica was quicker
+}
+
+// takeOver loads the shards whose Leases were claimed, all in one Load,
+// then holds them and queues their Students; if the load fails, it frees
+// their Leases again.
+func (m *Manager) takeOver(ctx context.Context, claimed map[int]*coordinationv1.Lease) {
+	if len(claimed) == 0 {
+		return
+	}
+	gained := make([]int, 0, len(claimed))
+	for n := range claimed {
+		gained = append(gained, n)
+	}
+	sort.Ints(gained)
+	if err := m.o.Load(ctx, gained); err != nil {
+		m.o.Log.Info("loading gained shards failed; releasing them", "shards", gained, "reason", err.Error())
+		for _, l := range claimed {
+			l.Spec.HolderIdentity = ptr.To("")
+			_ = m.o.Client.Update(ctx, l)
+		}
+		return
 	}
 	m.mu.Lock()
-	m.owned[n] = true
+	for _, n := range gained {
+		m.owned[n] = true
+	}
 	m.mu.Unlock()
-	handovers.WithLabelValues("acquired").Inc()
-	m.o.Log.Info("holding shard", "shard", n)
-	go m.o.Enqueue(ctx, n)
-	return nil
+	handovers.WithLabelValues("acquired").Add(float64(len(gained)))
+	m.o.Log.Info("holding shards", "shards", gained)
+	go m.o.Enqueue(ctx, gained)
 }
 
 // fill makes l held by this replica at now: for dur seconds (a member

@@ -60,7 +60,7 @@ func startReplica(t *testing.T, name, id string, count int, opts ...func(*shards
 	ctx, cancel := context.WithCancel(context.Background())
 	o := shards.Options{Client: st.Client, Namespace: "default", Name: name, Count: count, Identity: id,
 		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 500 * time.Millisecond,
-		Load: func(context.Context, int) error { return nil }, Enqueue: func(context.Context, int) {}, Log: logr.Discard()}
+		Load: func(context.Context, []int) error { return nil }, Enqueue: func(context.Context, []int) {}, Log: logr.Discard()}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -259,6 +259,33 @@ func TestGracefulStopHandsOverWithinARetryPeriod(t *testing.T) {
 	t.Logf("a held every shard %s after b stopped", time.Since(t0).Round(time.Millisecond))
 }
 
+// TestGainedShardsLoadOnce: a replica that gains several shards in one
+// step loads them in one go: alone at the start (8 shards), and when the
+// other replica stops (its 4).
+func TestGainedShardsLoadOnce(t *testing.T) {
+	name := fmt.Sprintf("loadonce-%d", time.Now().UnixNano()%100000)
+	var mu sync.Mutex
+	var loads [][]int
+	a := startReplica(t, name, "a", 8, func(o *shards.Options) {
+		o.Load = func(_ context.Context, gained []int) error {
+			mu.Lock()
+			loads = append(loads, gained)
+			mu.Unlock()
+			return nil
+		}
+	})
+	waitShares(t, []*replica{a}, 8, [2]int{8, 8})
+	b := startReplica(t, name, "b", 8)
+	waitShares(t, []*replica{a, b}, 8, [2]int{4, 4}, [2]int{4, 4})
+	b.stop()
+	waitShares(t, []*replica{a}, 8, [2]int{8, 8})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(loads) != 2 || len(loads[0]) != 8 || len(loads[1]) != 4 {
+		t.Fatalf("loads of a: %v, want one of 8 shards, then one of the 4 b held", loads)
+	}
+}
+
 // TestGiveUpWaitsForWorkInFlight: a replica gives a shard up (here: it
 // stops) only once the reconciles in flight for it have ended; until
 // then its Lease still names it.
@@ -385,7 +412,7 @@ func TestLostShardIsTakenAgain(t *testing.T) {
 	name := fmt.Sprintf("lost-%d", time.Now().UnixNano()%100000)
 	var loads atomic.Int32
 	a := startReplica(t, name, "a", 2, func(o *shards.Options) {
-		o.Load = func(context.Context, int) error { loads.Add(1); return nil }
+		o.Load = func(context.Context, []int) error { loads.Add(1); return nil }
 	})
 	waitShares(t, []*replica{a}, 2, [2]int{2, 2})
 	key := types.NamespacedName{Namespace: "ns", Name: "s"}
