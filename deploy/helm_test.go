@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -269,7 +270,7 @@ func podConfig(t *testing.T, root string, objs []*unstructured.Unstructured) *co
 	t.Run("load "+dep.Name, func(t *testing.T) {
 		for _, e := range c.Env {
 			if strings.HasPrefix(e.Name, config.EnvPrefix) {
-				t.Setenv(e.Name, inPod.Replace(e.Value))
+				t.Setenv(e.Name, inPod.Replace(downwardValue(t, c, e)))
 			}
 		}
 		fs := pflag.NewFlagSet("bridge", pflag.ContinueOnError)
@@ -336,11 +337,37 @@ func TestChartAndKustomizeAgree(t *testing.T) {
 
 	root := t.TempDir()
 	cc, kc := podConfig(t, root, chart), podConfig(t, root, kustomize)
+	// Both set the Go memory limit from the container's.
+	for name, cfg := range map[string]*config.Config{"chart": cc, "kustomize": kc} {
+		limit := map[string]corev1.PodSpec{"chart": c, "kustomize": k}[name].Containers[0].Resources.Limits[corev1.ResourceMemory]
+		if got, err := cfg.MemoryLimitBytes(); err != nil || got != limit.Value() || got == 0 {
+			t.Errorf("%s: memoryLimit %d (%v), want the container's limit %s", name, got, err, limit.String())
+		}
+	}
 	if !reflect.DeepEqual(cc, kc) {
 		cj, _ := json.MarshalIndent(cc, "", " ")
 		kj, _ := json.MarshalIndent(kc, "", " ")
 		t.Errorf("the bridge's effective configuration differs:\nchart     %s\nkustomize %s", cj, kj)
 	}
+}
+
+// downwardValue is the value of e in container c as the kubelet sets it:
+// its value, or the container's memory limit in bytes (the one field of
+// the downward API the deployments use).
+func downwardValue(t *testing.T, c corev1.Container, e corev1.EnvVar) string {
+	t.Helper()
+	if e.ValueFrom == nil {
+		return e.Value
+	}
+	ref := e.ValueFrom.ResourceFieldRef
+	if ref == nil || ref.Resource != "limits.memory" || ref.ContainerName != c.Name || !ref.Divisor.IsZero() {
+		t.Fatalf("env %s: only the container's own limits.memory in bytes is understood here: %+v", e.Name, e.ValueFrom)
+	}
+	limit, ok := c.Resources.Limits[corev1.ResourceMemory]
+	if !ok {
+		t.Fatalf("env %s: the container has no memory limit", e.Name)
+	}
+	return strconv.FormatInt(limit.Value(), 10)
 }
 
 // generatedRules reads the rules controller-gen generated, by kind.

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"runtime/debug"
 	"slices"
 	"time"
 
@@ -47,6 +49,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 		"stream", cfg.NATS.Stream.Name, "bucket", cfg.State.Bucket, "cluster", cfg.Cluster, "namespaces", cfg.Namespaces,
 		"leaderElection", cfg.LeaderElection.Enabled, "holdDeletesWithFinalizer", cfg.Deletes.HoldWithFinalizer)
 
+	setMemoryLimit(cfg, log)
 	layout, err := natssink.NewSubjectLayout(cfg.NATS.SubjectPrefix, cfg.NATS.SubjectLayout)
 	if err != nil {
 		return fmt.Errorf("config key nats.subjectLayout: %w", err)
@@ -299,6 +302,23 @@ func trimStudent(obj any) (any, error) {
 		s.Status = reconciler.TrimStatus(s.Status)
 	}
 	return obj, nil
+}
+
+// setMemoryLimit sets the Go runtime's soft memory limit to 90% of
+// memoryLimit (the container's), unless GOMEMLIMIT set one already: the
+// rest is for what the runtime does not count (stacks of the OS, the
+// binary) and for the garbage collector to catch up.
+func setMemoryLimit(cfg *config.Config, log logr.Logger) {
+	limit, _ := cfg.MemoryLimitBytes() // validated
+	switch {
+	case limit == 0:
+	case os.Getenv("GOMEMLIMIT") != "":
+		log.Info("GOMEMLIMIT is set; memoryLimit is not used for the Go memory limit", "GOMEMLIMIT", os.Getenv("GOMEMLIMIT"))
+	default:
+		soft := limit / 10 * 9
+		debug.SetMemoryLimit(soft)
+		log.Info("Go memory limit set", "memoryLimit", limit, "goMemLimit", soft)
+	}
 }
 
 type nopRecorder struct{}

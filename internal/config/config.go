@@ -24,6 +24,7 @@ type Config struct {
 	MetricsAddr         string         `mapstructure:"metricsAddr"`
 	HealthAddr          string         `mapstructure:"healthAddr"`
 	PprofAddr           string         `mapstructure:"pprofAddr"`
+	MemoryLimit         string         `mapstructure:"memoryLimit"`
 	KubernetesEvents    bool           `mapstructure:"kubernetesEvents"`
 	KubernetesEventsQPS float64        `mapstructure:"kubernetesEventsQPS"`
 	LeaderElection      LeaderElection `mapstructure:"leaderElection"`

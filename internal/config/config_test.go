@@ -129,6 +129,8 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		{"bad metrics address", "", nil, []string{"--metrics-bind-address=8080"}, "metricsAddr"},
 		{"bad pprof address", "", nil, []string{"--pprof-bind-address=6060"}, "pprofAddr"},
 		{"no Events budget", "kubernetesEventsQPS: 0\n", nil, nil, "kubernetesEventsQPS"},
+		{"memory limit not a quantity", "", map[string]string{"STUDENT_BRIDGE_MEMORYLIMIT": "lots"}, nil, "memoryLimit"},
+		{"no memory", "", nil, []string{"--memory-limit=0"}, "memoryLimit"},
 		{"max below base", "", nil, []string{"--retry-base-delay=2s", "--retry-max-delay=1s"}, "retry.maxDelay"},
 		{"not yaml", "workers: [\n", nil, nil, "config file"},
 		{"no shards", "", nil, []string{"--shards=0"}, "shards.count"},

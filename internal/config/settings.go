@@ -33,6 +33,7 @@ var Settings = []Setting{
 	{"metricsAddr", "metrics-bind-address", ":8080", "Address of the Prometheus /metrics endpoint; \"0\" disables it."},
 	{"healthAddr", "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; \"0\" disables them."},
 	{"pprofAddr", "pprof-bind-address", "", "Address of the Go pprof endpoints (/debug/pprof/); empty disables them. Do not expose it."},
+	{"memoryLimit", "memory-limit", "", "The container's memory limit, in bytes or as a quantity (512Mi); the shipped Deployment and chart set it from the downward API (limits.memory). The bridge sets the Go runtime's soft memory limit to 90% of it, so the garbage collector works harder before the container would be killed. Empty: GOMEMLIMIT, if set, else no limit. GOMEMLIMIT wins over it."},
 	{"tracing.endpoint", "tracing-endpoint", "", "OTLP/gRPC endpoint (host:port) to export traces to: a span per publish, continued from a Student's opentelemetry.io/trace-context annotation and carried in the CloudEvent (traceparent). Empty: the OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT variables, else no tracing."},
 	{"tracing.insecure", "tracing-insecure", false, "Export traces without TLS (a collector on the node or in the cluster)."},
 	{"kubernetesEvents", "kubernetes-events", true, "Record a Kubernetes Event on the Student for every publish and failure."},
