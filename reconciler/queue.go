@@ -38,12 +38,22 @@ type agingQueue struct {
 	low  map[reconcile.Request]time.Time // when each item below the default priority was queued
 	stop chan struct{}
 	once sync.Once
+
+	// working is called when a worker first asks for an item: the
+	// controller starts its workers once its watch delivered the initial
+	// list, so everything of it is queued by then.
+	working     func()
+	workingOnce sync.Once
 }
 
-// newAgingQueue returns what controller.Options.NewQueue takes.
-func newAgingQueue(maxWait time.Duration, log logr.Logger) func(string, workqueue.TypedRateLimiter[reconcile.Request]) workqueue.TypedRateLimitingInterface[reconcile.Request] {
+// newAgingQueue returns what controller.Options.NewQueue takes. The
+// controller makes its queue when it starts (on the leader, with leader
+// election); starting calls (and the workers' first request ends)
+// starting's release.
+func newAgingQueue(maxWait time.Duration, log logr.Logger, starting func() (release func())) func(string, workqueue.TypedRateLimiter[reconcile.Request]) workqueue.TypedRateLimitingInterface[reconcile.Request] {
 	return func(name string, rl workqueue.TypedRateLimiter[reconcile.Request]) workqueue.TypedRateLimitingInterface[reconcile.Request] {
 		q := &agingQueue{
+			working: starting(),
 			PriorityQueue: priorityqueue.New(name, func(o *priorityqueue.Opts[reconcile.Request]) {
 				o.RateLimiter = rl
 				o.Log = log
@@ -101,6 +111,7 @@ func (q *agingQueue) Get() (reconcile.Request, bool) {
 }
 
 func (q *agingQueue) taken(item reconcile.Request) {
+	q.workingOnce.Do(q.working)
 	q.mu.Lock()
 	delete(q.low, item)
 	q.mu.Unlock()

@@ -610,8 +610,10 @@ func (r *StudentReconciler) Unpublished(ctx context.Context, cached client.Reade
 func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
 	r.catchUp = make(chan event.TypedGenericEvent[*studentv1.Student], 1024)
 	if opts.NewQueue == nil {
-		// A catch-up waits behind live changes for LowPriorityWait at most.
-		opts.NewQueue = newAgingQueue(LowPriorityWait, mgr.GetLogger().WithName("queue"))
+		// A catch-up waits behind live changes for LowPriorityWait at
+		// most. The start's catch-up is held open until the workers
+		// start: the watch's initial list is all queued then.
+		opts.NewQueue = newAgingQueue(LowPriorityWait, mgr.GetLogger().WithName("queue"), r.caughtUp.hold)
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
