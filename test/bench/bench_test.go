@@ -30,7 +30,7 @@ func TestSmoke(t *testing.T) {
 	}
 	table := out.String()
 	// The charts of the run, next to its results.
-	for file, want := range map[string]string{"latency.svg": "raw-informer", "memory.svg": "RSS, steady"} {
+	for file, want := range map[string]string{"latency.svg": "raw-informer", "memory.svg": "RSS, steady with memoryLimit", "restart.svg": "raw informer: synced"} {
 		b, err := os.ReadFile(filepath.Join(dir, file))
 		if err != nil || !strings.Contains(string(b), "<svg") || !strings.Contains(string(b), want) {
 			t.Errorf("%s: %v; want an SVG naming %q", file, err, want)
@@ -61,7 +61,7 @@ func TestSmoke(t *testing.T) {
 	if !strings.Contains(table, "student-bridge (two services) at 20/s: a service's receipt shows on the Student after p50") {
 		t.Errorf("no receipt-to-status latency of the variant with services:\n%s", table)
 	}
-	if !strings.Contains(table, "With two services' receipts for each of the 40 Students (80 receipts)") {
+	if !strings.Contains(table, "With two services' receipts for each of the 35 Students (70 receipts)") {
 		t.Errorf("no memory with receipts:\n%s", table)
 	}
 	if !regexp.MustCompile(`(?m)^\| student-bridge \| \d+ \(\d+-\d+\) \| [\d.]+x`).MatchString(table) {
@@ -70,8 +70,17 @@ func TestSmoke(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^\| 3 replicas over 16 shards \| \d+ \| [\d.]+ \|$`).MatchString(table) {
 		t.Errorf("no writes at rest of three replicas over shards:\n%s", table)
 	}
-	if !strings.Contains(table, "events republished (all restarts): 0.") {
+	if !strings.Contains(table, "Events republished by the restarts with every Student published: 0.") {
 		t.Errorf("restart republished events or did not report:\n%s", table)
+	}
+	// The restart's catch-up against a raw informer, per count.
+	if !regexp.MustCompile(`(?m)^\| 38 \| [\d.]+m?s \| [\d.]+m?s \| [\d.]+m?s \| [\d.]+m?s \| [\d.]+x \|$`).MatchString(table) {
+		t.Errorf("no restart of 38 Students against the informer's sync:\n%s", table)
+	}
+	// Under load: the deletes made while the bridge was down published,
+	// the live changes measured before and during the catch-up.
+	if !regexp.MustCompile(`(?m)^\| 38 \| [\d.]+m?s \| [\d.]+m?s \| [\d.]+x \| 3, [\d.]+m?s after the start \| [\d.]+ / [\d.]+ \| [\d.]+ / [\d.]+ \(\d+ changes\) \| `).MatchString(table) {
+		t.Errorf("no restart under load of the 38 Students left:\n%s", table)
 	}
 }
 

@@ -12,9 +12,10 @@ import (
 
 // memPoint is the bridge process's memory at one count of Students.
 type memPoint struct {
-	students                   int
-	rssPublishing, rssSteady   float64 // MB
-	heapPublishing, heapSteady float64 // MB
+	students                             int
+	rssPublishing, rssSteady, rssLimited float64       // MB; limited: steady with the deployments' memoryLimit
+	heapPublishing, heapSteady           float64       // MB
+	restart, informer                    time.Duration // until every Student was reconciled; a raw informer's sync
 }
 
 // latencyChart draws each variant's p99 latency (the median of its
@@ -61,6 +62,7 @@ func memoryChart(path string, points []memPoint) error {
 	}{
 		{"RSS, publishing", func(m memPoint) float64 { return m.rssPublishing }},
 		{"RSS, steady", func(m memPoint) float64 { return m.rssSteady }},
+		{"RSS, steady with memoryLimit " + deployedMemoryLimit, func(m memPoint) float64 { return m.rssLimited }},
 		{"heap in use, publishing", func(m memPoint) float64 { return m.heapPublishing }},
 		{"heap in use, steady", func(m memPoint) float64 { return m.heapSteady }},
 	}
@@ -73,6 +75,24 @@ func memoryChart(path string, points []memPoint) error {
 		lines = append(lines, s.name, pts)
 	}
 	return save(p, path, lines)
+}
+
+// restartChart draws the time a restart takes until every Student is
+// reconciled, and a raw informer's sync, against the Students.
+func restartChart(path string, points []memPoint) error {
+	p := plot.New()
+	p.Title.Text = "Restart with every Student published"
+	p.X.Label.Text = "Students"
+	p.Y.Label.Text = "seconds"
+	var restart, informer plotter.XYs
+	for _, m := range points[1:] { // the first is the process with no Student, never restarted
+		restart = append(restart, plotter.XY{X: float64(m.students), Y: m.restart.Seconds()})
+		informer = append(informer, plotter.XY{X: float64(m.students), Y: m.informer.Seconds()})
+	}
+	if len(restart) == 0 {
+		return nil
+	}
+	return save(p, path, []any{"bridge: every Student reconciled", restart, "raw informer: synced", informer})
 }
 
 func save(p *plot.Plot, path string, lines []any) error {

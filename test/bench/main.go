@@ -328,7 +328,10 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 		return err
 	}
 	if len(memory) > 0 {
-		return memoryChart(filepath.Join(dir, "memory.svg"), memory)
+		if err := memoryChart(filepath.Join(dir, "memory.svg"), memory); err != nil {
+			return err
+		}
+		return restartChart(filepath.Join(dir, "restart.svg"), memory)
 	}
 	return nil
 }

@@ -10,30 +10,42 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/reconciler"
 )
 
+// deployedMemoryLimit is the memory limit of the shipped Deployment and
+// chart, which they pass to the bridge as memoryLimit.
+const deployedMemoryLimit = "256Mi"
+
 // memoryAndRestart runs the real binary as its own process, so its RSS and
-// Go heap are its own: at rest, with each count of published Students, and
-// the time a restart takes to be ready with them, and what it republished.
+// Go heap are its own: at rest, with each count of published Students
+// (without a memory limit, and with the deployments' memoryLimit), the
+// time a restart takes to catch up with them against a raw informer's
+// sync, the same restart under a stream of live changes, and what the
+// restarts republished.
 func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memPoint, error) {
 	bins, err := e.prepare()
 	if err != nil {
 		return "", nil, err
 	}
 	bin, kubeconfig := bins.bridge, bins.config
-	const ns, stream = "bench-memory", "BENCHMEM"
+	const ns, stream, prefix = "bench-memory", "BENCHMEM", "benchmem"
 	if err := newNamespace(ctx, e, ns, true); err != nil {
 		return "", nil, err
 	}
@@ -41,10 +53,15 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memP
 	args := []string{"--kubeconfig", kubeconfig, "--nats-url", e.st.NATS.URL(), "--leader-elect=false",
 		"--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr, "--pprof-bind-address", pprofAddr,
 		"--namespaces", ns, "--stream-name", stream, "--state-bucket", stream + "_RECORDS", "--receipts-bucket", stream + "_RECEIPTS",
-		"--subject-prefix", "benchmem", "--snapshot-request-subject", ""}
+		"--subject-prefix", prefix, "--snapshot-request-subject", ""}
+	limited := false // the process runs with the deployments' memoryLimit
 	startProc := func() (*exec.Cmd, time.Time, error) {
 		cmd := exec.Command(bin, args...)
 		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+		cmd.Env = os.Environ()
+		if limited {
+			cmd.Env = append(cmd.Env, "STUDENT_BRIDGE_MEMORYLIMIT="+deployedMemoryLimit)
+		}
 		t0 := time.Now()
 		if err := cmd.Start(); err != nil {
 			return nil, t0, err
@@ -59,114 +76,333 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memP
 	time.Sleep(2 * time.Second)
 
 	metrics := "http://" + metricsAddr + "/metrics"
-	reconciledOK := `controller_runtime_reconcile_total{controller="student-bridge",result="success"}`
-	// restart stops the bridge and starts it again: how long until it is
-	// ready, and until it has reconciled all n Students.
-	restart := func(n int) (ready, reconciled time.Duration, err error) {
+	var republished uint64
+	// stop stops the bridge, counting what it published since its start:
+	// after a restart with every Student published, only what changed
+	// meanwhile should be, so the idle restarts count as republished.
+	stop := func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_ = cmd.Wait()
+	}
+	// start starts the bridge again: how long until it is ready, and until
+	// its start's catch-up ended (every Student reconciled), and how long
+	// that catch-up itself took (student_bridge_catch_up_duration_seconds).
+	start := func() (ready, caughtUp, catchUp time.Duration, err error) {
 		var t0 time.Time
 		if cmd, t0, err = startProc(); err != nil {
-			return 0, 0, err
+			return 0, 0, 0, err
 		}
 		ready = time.Since(t0)
-		deadline := time.Now().Add(5 * time.Minute)
-		for metric(metrics, reconciledOK) < float64(n) {
+		deadline := time.Now().Add(10 * time.Minute)
+		for metric(metrics, "student_bridge_catch_up_duration_seconds_count") < 1 {
 			if time.Now().After(deadline) {
-				return 0, 0, fmt.Errorf("restart: %d Students not reconciled within 5 minutes", n)
+				return 0, 0, 0, fmt.Errorf("restart: no catch-up ended within 10 minutes (%v Students queued by it)", metric(metrics, "student_bridge_catch_up_students"))
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		return ready, time.Since(t0), nil
+		caughtUp = time.Since(t0)
+		return ready, caughtUp, time.Duration(metric(metrics, "student_bridge_catch_up_duration_seconds_sum") * float64(time.Second)), nil
+	}
+	// idleRestart restarts with every Student published: nothing should be
+	// published again.
+	idleRestart := func() (ready, caughtUp, catchUp time.Duration, err error) {
+		stop()
+		if ready, caughtUp, catchUp, err = start(); err != nil {
+			return
+		}
+		time.Sleep(3 * time.Second)
+		republished += uint64(metricSum(metrics, "student_bridge_events_published_total{"))
+		return
 	}
 	sample := func() (rssKB int64, heapMB float64) {
 		return procStatus(cmd.Process.Pid, "VmRSS"), metric(metrics, "go_memstats_heap_inuse_bytes") / 1e6
 	}
 
-	var b strings.Builder
+	var b, restarts, loadedRestarts strings.Builder
 	b.WriteString("Memory of the bridge process (RSS and Go heap in use, from its own /metrics). \"Publishing\" is 3 s after the " +
 		"last of the Students was published, with what creating them left for the garbage collector. " +
-		"\"Steady\" is after a restart with every Student already published: the cost of watching them.\n\n" +
-		"| Students | RSS MB publishing | heap MB publishing | RSS MB steady | heap MB steady |\n| --- | --- | --- | --- | --- |\n")
+		"\"Steady\" is after a restart with every Student already published: the cost of watching them; without a memory limit, " +
+		"and with the deployments' memoryLimit (" + deployedMemoryLimit + ": GOMEMLIMIT 90% of it).\n\n" +
+		"| Students | RSS MB publishing | heap MB publishing | RSS MB steady | heap MB steady | RSS MB steady, memoryLimit | heap MB steady, memoryLimit |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+	restarts.WriteString("\nRestart with every Student published: ready (/readyz), every Student reconciled (the start's catch-up ended), " +
+		"and a raw informer's sync of the same Students (a new cache, list and watch).\n\n" +
+		"| Students | ready | every Student reconciled | of it, the catch-up | raw informer sync | reconciled / informer |\n| --- | --- | --- | --- | --- | --- |\n")
+	loadedRestarts.WriteString(fmt.Sprintf("\nRestart under load: a generator changes Students at %d/s; the bridge is stopped, %d Students are deleted (per count, at most a tenth), "+
+		"and it starts again while the changes go on. Steady is the live changes' latency (change to its event on NATS) in the %s before the stop; "+
+		"during the catch-up, of the changes made from the start until the catch-up ended.\n\n"+
+		"| Students | catch-up, idle | catch-up, under load | ratio | deletes made while down, published after | live p50 / p99 ms, steady | live p50 / p99 ms, during the catch-up | p99 ratio |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+		loadRate, loadDeletes, loadSteady))
 	rss0, heap0 := sample()
-	fmt.Fprintf(&b, "| 0 | %.1f | %.1f | %.1f | %.1f |\n", float64(rss0)/1024, heap0, float64(rss0)/1024, heap0)
+	fmt.Fprintf(&b, "| 0 | %.1f | %.1f | %.1f | %.1f | - | - |\n", float64(rss0)/1024, heap0, float64(rss0)/1024, heap0)
 	points := []memPoint{{students: 0, rssPublishing: float64(rss0) / 1024, rssSteady: float64(rss0) / 1024, heapPublishing: heap0, heapSteady: heap0}}
 	created := 0
+	deleted := map[string]bool{} // by the restarts under load
 	steady := map[int]int64{}
-	var readyAt, reconciled time.Duration
-	var republished uint64
+	steadyLimited := map[int]int64{}
 	for _, n := range counts {
+		if limited {
+			stop()
+			limited = false
+			if _, _, _, err := start(); err != nil {
+				return "", nil, err
+			}
+		}
+		before := streamMsgs(ctx, e, stream)
 		if err := createStudents(ctx, e, ns, created, n); err != nil {
 			return "", nil, err
 		}
-		created = n
-		if err := waitStreamMsgs(ctx, e, stream, uint64(n), 10*time.Minute); err != nil {
+		if err := waitStreamMsgs(ctx, e, stream, before+uint64(n-created), 20*time.Minute); err != nil {
 			return "", nil, err
 		}
+		created = n
 		time.Sleep(3 * time.Second) // status writes and Events after the last publish
 		rss, heap := sample()
 		profile(pprofAddr, fmt.Sprintf("heap-%d-publishing.pb.gz", n))
 
 		// Restart with every Student already published. The new process
 		// counts every publish it makes, also copies the stream would drop.
-		if readyAt, reconciled, err = restart(n); err != nil {
+		ready, caughtUp, catchUp, err := idleRestart()
+		if err != nil {
 			return "", nil, err
 		}
-		time.Sleep(3 * time.Second)
-		republished += uint64(metricSum(metrics, "student_bridge_events_published_total{"))
 		rssSteady, heapSteady := sample()
 		steady[n] = rssSteady
 		profile(pprofAddr, fmt.Sprintf("heap-%d-steady.pb.gz", n))
-		fmt.Fprintf(&b, "| %d | %.1f | %.1f | %.1f | %.1f |\n", n, float64(rss)/1024, heap, float64(steady[n])/1024, heapSteady)
-		points = append(points, memPoint{students: n, rssPublishing: float64(rss) / 1024, rssSteady: float64(steady[n]) / 1024, heapPublishing: heap, heapSteady: heapSteady})
+		sync, err := informerSync(ctx, e, ns)
+		if err != nil {
+			return "", nil, err
+		}
+		var live []string
+		for i := range created {
+			if name := fmt.Sprintf("m-%d", i); !deleted[name] {
+				live = append(live, name)
+			}
+		}
+		fmt.Fprintf(&restarts, "| %d | %s | %s | %s | %s | %.2fx |\n", len(live), rounded(ready), rounded(caughtUp), rounded(catchUp), rounded(sync), caughtUp.Seconds()/sync.Seconds())
+
+		row, gone, err := restartUnderLoad(ctx, e, ns, prefix, live, catchUp, stop, start)
+		if err != nil {
+			return "", nil, err
+		}
+		for _, name := range gone {
+			deleted[name] = true
+		}
+		loadedRestarts.WriteString(row)
+
+		// The same Students, with the deployments' memory limit.
+		limited = true
+		if _, _, _, err := idleRestart(); err != nil {
+			return "", nil, err
+		}
+		rssLimited, heapLimited := sample()
+		steadyLimited[n] = rssLimited
+		fmt.Fprintf(&b, "| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", n, float64(rss)/1024, heap, float64(steady[n])/1024, heapSteady, float64(rssLimited)/1024, heapLimited)
+		points = append(points, memPoint{students: n, rssPublishing: float64(rss) / 1024, rssSteady: float64(steady[n]) / 1024, rssLimited: float64(rssLimited) / 1024,
+			heapPublishing: heap, heapSteady: heapSteady, restart: caughtUp, informer: sync})
 	}
 	lo, hi := counts[0], counts[len(counts)-1]
 	if hi > lo {
-		fmt.Fprintf(&b, "\nSteady RSS slope between %d and %d Students: %.2f KB per Student.\n", lo, hi, float64(steady[hi]-steady[lo])/float64(hi-lo))
+		fmt.Fprintf(&b, "\nSteady RSS slope between %d and %d Students: %.2f KB per Student (with memoryLimit: %.2f KB); at %d, %.2f KB per Student (%.2f KB with memoryLimit), the process at rest with none subtracted.\n",
+			lo, hi, float64(steady[hi]-steady[lo])/float64(hi-lo), float64(steadyLimited[hi]-steadyLimited[lo])/float64(hi-lo),
+			hi, float64(steady[hi]-rss0)/float64(hi), float64(steadyLimited[hi]-rss0)/float64(hi))
 	}
+	b.WriteString(restarts.String())
+	b.WriteString(loadedRestarts.String())
 
 	// Two services' receipts for every Student, written as the services
 	// would: what the bridge holds for them.
+	stop()
+	limited = false
+	if _, _, _, err := start(); err != nil {
+		return "", nil, err
+	}
 	rssBefore, heapBefore := sample()
-	n, err := writeReceipts(ctx, e, stream, benchServices)
+	nReceipts, err := writeReceipts(ctx, e, stream, benchServices)
 	if err != nil {
 		return "", nil, err
 	}
-	deadline := time.Now().Add(5 * time.Minute)
-	for metric(metrics, `student_bridge_receipts_total{result="applied"}`) < float64(n) {
+	deadline := time.Now().Add(10 * time.Minute)
+	for metric(metrics, `student_bridge_receipts_total{result="applied"}`) < float64(nReceipts) {
 		if time.Now().After(deadline) {
-			return "", nil, fmt.Errorf("the bridge did not read %d receipts within 5 minutes", n)
+			return "", nil, fmt.Errorf("the bridge did not read %d receipts within 10 minutes", nReceipts)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(3 * time.Second) // the status writes they cause
 	rssReceipts, heapReceipts := sample()
-	if _, _, err = restart(hi); err != nil {
+	if _, _, _, err = idleRestart(); err != nil {
 		return "", nil, err
 	}
-	time.Sleep(3 * time.Second)
 	rssSteadyR, heapSteadyR := sample()
+	live := created - len(deleted)
 	fmt.Fprintf(&b, "\nWith two services' receipts for each of the %d Students (%d receipts): RSS %.1f MB, heap %.1f MB once read (%.1f MB, %.1f MB before); steady after a restart RSS %.1f MB, heap %.1f MB: %.2f KB RSS per Student more than without (steady).\n",
-		hi, n, float64(rssReceipts)/1024, heapReceipts, float64(rssBefore)/1024, heapBefore, float64(rssSteadyR)/1024, heapSteadyR, float64(rssSteadyR-steady[hi])/float64(hi))
+		live, nReceipts, float64(rssReceipts)/1024, heapReceipts, float64(rssBefore)/1024, heapBefore, float64(rssSteadyR)/1024, heapSteadyR, float64(rssSteadyR-steady[hi])/float64(live))
+	fmt.Fprintf(&b, "\nEvents republished by the restarts with every Student published: %d.\n", republished)
+	return b.String(), points, nil
+}
 
-	// The raw reference: how long an informer takes to sync the same Students.
+// The load of a restart under load.
+const (
+	loadRate    = 200
+	loadDeletes = 100
+	loadSteady  = 5 * time.Second
+)
+
+// restartUnderLoad changes the Students live (all published) at loadRate
+// per second, stops the bridge, deletes some, starts it again while the
+// changes go on and reports a row of the table: the catch-up against idle
+// (the idle restart's), when the deletes were published and the live
+// changes' latency. It returns the Students it deleted.
+func restartUnderLoad(ctx context.Context, e *env, ns, prefix string, live []string, idle time.Duration,
+	stop func(), start func() (ready, caughtUp, catchUp time.Duration, err error)) (string, []string, error) {
+	n := len(live)
+	doomed := min(loadDeletes, n/10)
+	// The last ones are deleted; the others change.
+	names, deleted := live[:n-doomed], live[n-doomed:]
+	gone := map[string]bool{}
+	for _, name := range deleted {
+		gone[name] = true
+	}
+
+	type sample struct{ at, took time.Time }
+	var mu sync.Mutex
+	var samples []sample
+	deletedAt := map[string]time.Time{}
+	sub, err := e.nc.Subscribe(prefix+".>", func(msg *nats.Msg) {
+		now := time.Now()
+		r, err := stacktest.Decode(msg)
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		name := r.Data.Metadata.Name
+		switch {
+		case strings.HasSuffix(r.Event.Type(), ".deleted") && gone[name]:
+			deletedAt[name] = now
+		case strings.HasPrefix(r.Data.Spec.School, "t"):
+			if nanos, err := strconv.ParseInt(r.Data.Spec.School[1:], 10, 64); err == nil {
+				samples = append(samples, sample{at: time.Unix(0, nanos), took: now})
+			}
+		}
+	})
+	if err != nil {
+		return "", nil, err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+
+	loadCtx, endLoad := context.WithCancel(ctx)
+	defer endLoad()
+	loadDone := make(chan struct{})
+	go func() {
+		defer close(loadDone)
+		tick := time.NewTicker(time.Second / loadRate)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-loadCtx.Done():
+				return
+			case <-tick.C:
+			}
+			patch := fmt.Sprintf(`{"spec":{"school":"t%d"}}`, time.Now().UnixNano())
+			s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: names[i%len(names)]}}
+			_ = e.st.Client.Patch(loadCtx, s, client.RawPatch(types.MergePatchType, []byte(patch)))
+		}
+	}()
+
+	steadyFrom := time.Now()
+	time.Sleep(loadSteady)
+	stopped := time.Now()
+	stop()
+	for name := range gone {
+		s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+		if err := e.st.Client.Delete(ctx, s); err != nil {
+			return "", nil, fmt.Errorf("delete %s while the bridge is down: %w", name, err)
+		}
+	}
+	started := time.Now()
+	_, caughtUp, catchUp, err := start()
+	if err != nil {
+		return "", nil, err
+	}
+	catchUpEnd := started.Add(caughtUp)
+	time.Sleep(2 * time.Second)
+	endLoad()
+	<-loadDone
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		mu.Lock()
+		published := len(deletedAt)
+		mu.Unlock()
+		if published == doomed {
+			break
+		}
+		if time.Now().After(deadline) {
+			return "", nil, fmt.Errorf("restart under load: %d of %d deletes made while the bridge was down published", published, doomed)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // the last live changes' events
+
+	mu.Lock()
+	defer mu.Unlock()
+	var lastDelete time.Time
+	for _, at := range deletedAt {
+		if at.After(lastDelete) {
+			lastDelete = at
+		}
+	}
+	var before, during []time.Duration
+	for _, s := range samples {
+		switch {
+		case !s.at.Before(steadyFrom) && s.at.Before(stopped):
+			before = append(before, s.took.Sub(s.at))
+		case !s.at.Before(started) && s.at.Before(catchUpEnd):
+			during = append(during, s.took.Sub(s.at))
+		}
+	}
+	slices.Sort(before)
+	slices.Sort(during)
+	p := func(d []time.Duration, q int) time.Duration {
+		if len(d) == 0 {
+			return 0
+		}
+		return d[len(d)*q/100]
+	}
+	ratio := "-"
+	if p(before, 99) > 0 && len(during) > 0 {
+		ratio = fmt.Sprintf("%.1fx", p(during, 99).Seconds()/p(before, 99).Seconds())
+	}
+	row := fmt.Sprintf("| %d | %s | %s | %.2fx | %d, %s after the start | %s / %s | %s / %s (%d changes) | %s |\n",
+		n, rounded(idle), rounded(catchUp), catchUp.Seconds()/idle.Seconds(), doomed, rounded(lastDelete.Sub(started)),
+		ms(p(before, 50)), ms(p(before, 99)), ms(p(during, 50)), ms(p(during, 99)), len(during), ratio)
+	return row, deleted, nil
+}
+
+// informerSync is how long a new informer takes to list and watch the
+// Students of ns until it has synced.
+func informerSync(ctx context.Context, e *env, ns string) (time.Duration, error) {
 	t1 := time.Now()
 	c, err := cache.New(e.st.RestConfig, cache.Options{Scheme: e.st.Client.Scheme(), DefaultNamespaces: map[string]cache.Config{ns: {}}})
 	if err != nil {
-		return "", nil, err
+		return 0, err
 	}
 	ictx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if _, err := c.GetInformer(ictx, &studentv1.Student{}); err != nil {
-		return "", nil, err
+		return 0, err
 	}
 	go func() { _ = c.Start(ictx) }()
 	c.WaitForCacheSync(ictx)
-	informerSync := time.Since(t1)
+	return time.Since(t1), nil
+}
 
-	fmt.Fprintf(&b, "\nRestart with %d published Students: ready (/readyz) after %s, every Student reconciled after %s; raw informer sync of the same Students %s; events republished (all restarts): %d.\n",
-		hi, readyAt.Round(10*time.Millisecond), reconciled.Round(10*time.Millisecond), informerSync.Round(10*time.Millisecond), republished)
-	return b.String(), points, nil
+// rounded shows d in seconds or milliseconds, rounded for a table.
+func rounded(d time.Duration) string {
+	if d >= time.Second {
+		return d.Round(10 * time.Millisecond).String()
+	}
+	return d.Round(time.Millisecond).String()
 }
 
 func createStudents(ctx context.Context, e *env, ns string, from, to int) error {
