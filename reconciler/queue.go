@@ -12,21 +12,24 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 )
 
-// LowPriorityWait is the longest a Student queued below the default
-// priority waits before it is raised to it.
+// LowPriorityWait is the longest the Students queued below the default
+// priority wait with none of them taken by a worker: then they are raised
+// to it.
 //
 // controller-runtime's priority queue gives the Students of a watch's
 // initial list (a restart's catch-up) a low priority, so live changes go
 // first. Under a steady stream of live changes that keeps the workers
 // busy, the low ones would never come out (controller-runtime#3496), and
 // they are where the deletes made while no bridge ran get published.
-// Raised after LowPriorityWait, they take their turn behind what is
-// queued then, ahead of what comes later: live changes go first while
-// there is room for both, and a catch-up cannot be starved.
+// While workers take low ones, live changes keep going first; once none
+// was taken for LowPriorityWait, those waiting take their turn behind what
+// is queued then, ahead of what comes later: a catch-up cannot be
+// starved.
 const LowPriorityWait = 5 * time.Second
 
-// agingQueue is controller-runtime's priority queue in which an item below
-// the default priority is raised to it after maxWait. A retry (rate
+// agingQueue is controller-runtime's priority queue in which the items
+// below the default priority are raised to it when none of them was taken
+// for maxWait. A retry (rate
 // limited, or after a delay) is queued at the default priority at once:
 // it was tried already, and raising a waiting item would cut its backoff
 // short.
@@ -34,10 +37,13 @@ type agingQueue struct {
 	priorityqueue.PriorityQueue[reconcile.Request]
 	maxWait time.Duration
 
-	mu   sync.Mutex
-	low  map[reconcile.Request]time.Time // when each item below the default priority was queued
-	stop chan struct{}
-	once sync.Once
+	mu  sync.Mutex
+	low map[reconcile.Request]time.Time // when each item below the default priority was queued
+	// progress is when a worker last took an item of low, or when low
+	// was last empty.
+	progress time.Time
+	stop     chan struct{}
+	once     sync.Once
 
 	// working is called when a worker first asks for an item: the
 	// controller starts its workers once its watch delivered the initial
@@ -74,6 +80,9 @@ func (q *agingQueue) AddWithOpts(o priorityqueue.AddOpts, items ...reconcile.Req
 	}
 	now := time.Now()
 	q.mu.Lock()
+	if low && len(q.low) == 0 {
+		q.progress = now
+	}
 	for _, it := range items {
 		switch _, queued := q.low[it]; {
 		case low && !queued:
@@ -113,7 +122,13 @@ func (q *agingQueue) Get() (reconcile.Request, bool) {
 func (q *agingQueue) taken(item reconcile.Request) {
 	q.workingOnce.Do(q.working)
 	q.mu.Lock()
-	delete(q.low, item)
+	if _, ok := q.low[item]; ok {
+		delete(q.low, item)
+		q.progress = time.Now()
+		if len(q.low) == 0 {
+			q.low = map[reconcile.Request]time.Time{} // a map never shrinks: let a catch-up's go
+		}
+	}
 	q.mu.Unlock()
 }
 
@@ -127,9 +142,10 @@ func (q *agingQueue) ShutDownWithDrain() {
 	q.PriorityQueue.ShutDownWithDrain()
 }
 
-// raise raises, every quarter of maxWait, the items that have waited
-// maxWait below the default priority. One taken by a worker in between is
-// queued once more: a second reconcile, which publishes nothing new.
+// raise raises, checking every quarter of maxWait, the items below the
+// default priority once none of them was taken for maxWait. One taken by
+// a worker in between is queued once more: a second reconcile, which
+// publishes nothing new.
 func (q *agingQueue) raise() {
 	tick := time.NewTicker(max(q.maxWait/4, 10*time.Millisecond))
 	defer tick.Stop()
@@ -138,22 +154,20 @@ func (q *agingQueue) raise() {
 		case <-q.stop:
 			return
 		case now := <-tick.C:
-			var due []reconcile.Request
 			q.mu.Lock()
-			for it, t := range q.low {
-				if now.Sub(t) >= q.maxWait {
-					due = append(due, it)
-				}
+			if len(q.low) == 0 || now.Sub(q.progress) < q.maxWait {
+				q.mu.Unlock()
+				continue
+			}
+			due := make([]reconcile.Request, 0, len(q.low))
+			for it := range q.low {
+				due = append(due, it)
 			}
 			// In the order they were queued.
 			slices.SortFunc(due, func(a, b reconcile.Request) int { return q.low[a].Compare(q.low[b]) })
-			for _, it := range due {
-				delete(q.low, it)
-			}
+			q.low = map[reconcile.Request]time.Time{}
 			q.mu.Unlock()
-			if len(due) > 0 {
-				q.PriorityQueue.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(0)}, due...)
-			}
+			q.PriorityQueue.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(0)}, due...)
 		}
 	}
 }
