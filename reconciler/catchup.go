@@ -84,6 +84,9 @@ func (c *catchUp) done(key types.NamespacedName) {
 	}
 	delete(c.pending, key)
 	catchUpPending.Set(float64(len(c.pending)))
+	if len(c.pending) == 0 {
+		c.pending = nil // a map never shrinks: let a catch-up's go
+	}
 	c.endIfDone()
 }
 

@@ -56,6 +56,14 @@ func NewReceipts(expected []string, store sink.Store) *Receipts {
 	return &Receipts{Expected: expected, store: store, byUID: map[string]map[string]studentv1.Receipt{}}
 }
 
+// none reports that no service is expected and none reported: no Student
+// shows a service.
+func (r *Receipts) none() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.Expected) == 0 && len(r.byUID) == 0
+}
+
 // SetStore sets the bucket receipts are removed from.
 func (r *Receipts) SetStore(store sink.Store) {
 	r.mu.Lock()

@@ -78,8 +78,8 @@ func (c *servicesCollector) Collect(ch chan<- prometheus.Metric) {
 // for (its shards') that are published and not deleted.
 func (r *StudentReconciler) serviceCounts() map[string]map[string]int {
 	out := map[string]map[string]int{}
-	if r.Receipts == nil {
-		return out
+	if r.Receipts == nil || r.Receipts.none() {
+		return out // and no copy of every record at each scrape
 	}
 	for _, rec := range r.Records.All() {
 		if rec.Pending || rec.Published.Type == studentv1.EventTypeDeleted {
