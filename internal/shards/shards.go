@@ -47,6 +47,11 @@ var (
 		Name: "student_bridge_shard_handovers_total",
 		Help: "Shards this replica took (acquired) or gave up (released, lost), by kind.",
 	}, []string{"kind"})
+	loadDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "student_bridge_shard_load_duration_seconds",
+		Help:    "How long loading the shards gained in one step took (their records, read from the record store), before they count as held.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14),
+	})
 	inFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "student_bridge_shard_reconciles_in_flight",
 		Help: "Reconciles running now per shard held here; giving a shard up waits for it to reach 0. The backlog is student_bridge_shard_unpublished.",
@@ -54,7 +59,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(shardsHeld, shardCount, handovers, inFlight)
+	metrics.Registry.MustRegister(shardsHeld, shardCount, handovers, loadDuration, inFlight)
 }
 
 // Of is the shard of the Student namespace/name among count shards: the
@@ -362,7 +367,10 @@ func (m *Manager) takeOver(ctx context.Context, claimed map[int]*coordinationv1.
 		gained = append(gained, n)
 	}
 	sort.Ints(gained)
-	if err := m.o.Load(ctx, gained); err != nil {
+	start := time.Now()
+	err := m.o.Load(ctx, gained)
+	loadDuration.Observe(time.Since(start).Seconds())
+	if err != nil {
 		m.o.Log.Info("loading gained shards failed; releasing them", "shards", gained, "reason", err.Error())
 		for _, l := range claimed {
 			l.Spec.HolderIdentity = ptr.To("")
