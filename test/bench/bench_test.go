@@ -73,6 +73,10 @@ func TestSmoke(t *testing.T) {
 	if !strings.Contains(table, "Events republished by the restarts with every Student published: 0.") {
 		t.Errorf("restart republished events or did not report:\n%s", table)
 	}
+	// Three replicas, one killed: its shards' changes wait, the others not.
+	if !regexp.MustCompile(`One replica SIGKILLed, 10 Students of every shard changed at once: the changes of its \d+ shards published after [\d.]+m?s \(first\) to [\d.]+m?s \(last\)`).MatchString(table) {
+		t.Errorf("no failover at scale:\n%s", table)
+	}
 	// The restart's catch-up against a raw informer, per count.
 	if !regexp.MustCompile(`(?m)^\| 38 \| [\d.]+m?s \| [\d.]+m?s \| [\d.]+m?s \| [\d.]+m?s \| [\d.]+x \|$`).MatchString(table) {
 		t.Errorf("no restart of 38 Students against the informer's sync:\n%s", table)

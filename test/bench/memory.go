@@ -77,6 +77,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memP
 
 	metrics := "http://" + metricsAddr + "/metrics"
 	var republished uint64
+	profiled := 0 // restarts, for the names of their CPU profiles
 	// stop stops the bridge, counting what it published since its start:
 	// after a restart with every Student published, only what changed
 	// meanwhile should be, so the idle restarts count as republished.
@@ -93,12 +94,16 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memP
 			return 0, 0, 0, err
 		}
 		ready = time.Since(t0)
+		// With BENCH_PROFILE_DIR, where the restart's CPU goes.
+		profiled++
+		go saveProfile(pprofAddr, "profile?seconds=10", fmt.Sprintf("cpu-restart-%d.pb.gz", profiled))
 		deadline := time.Now().Add(10 * time.Minute)
 		for metric(metrics, "student_bridge_catch_up_duration_seconds_count") < 1 {
 			if time.Now().After(deadline) {
 				return 0, 0, 0, fmt.Errorf("restart: no catch-up ended within 10 minutes (%v Students queued by it)", metric(metrics, "student_bridge_catch_up_students"))
 			}
-			time.Sleep(20 * time.Millisecond)
+			// Not more often: a scrape counts every Student's services.
+			time.Sleep(250 * time.Millisecond)
 		}
 		caughtUp = time.Since(t0)
 		return ready, caughtUp, time.Duration(metric(metrics, "student_bridge_catch_up_duration_seconds_sum") * float64(time.Second)), nil
@@ -238,6 +243,20 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memP
 	fmt.Fprintf(&b, "\nWith two services' receipts for each of the %d Students (%d receipts): RSS %.1f MB, heap %.1f MB once read (%.1f MB, %.1f MB before); steady after a restart RSS %.1f MB, heap %.1f MB: %.2f KB RSS per Student more than without (steady).\n",
 		live, nReceipts, float64(rssReceipts)/1024, heapReceipts, float64(rssBefore)/1024, heapBefore, float64(rssSteadyR)/1024, heapSteadyR, float64(rssSteadyR-steady[hi])/float64(live))
 	fmt.Fprintf(&b, "\nEvents republished by the restarts with every Student published: %d.\n", republished)
+
+	// The same Students, published again by three replicas over shards.
+	stop()
+	var names []string
+	for i := range created {
+		if name := fmt.Sprintf("m-%d", i); !deleted[name] {
+			names = append(names, name)
+		}
+	}
+	failover, err := failoverAtScale(ctx, e, ns, names)
+	if err != nil {
+		return "", nil, fmt.Errorf("failover: %w", err)
+	}
+	b.WriteString(failover)
 	return b.String(), points, nil
 }
 

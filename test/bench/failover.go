@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/shards"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
+)
+
+// failoverPerShard is how many Students of each shard change right after a
+// replica is killed.
+const failoverPerShard = 10
+
+// failoverAtScale runs three bridge processes over 16 shards, with the
+// shipped Lease timing (15s / 10s / 2s), on the Students named in ns; once
+// every one is published it reports each replica's memory, SIGKILLs one,
+// changes some Students of every shard at once and reports how long the
+// changes of the killed replica's shards waited for their events, and how
+// much of it the survivors spent loading the shards they gained.
+func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (string, error) {
+	bins, err := e.prepare()
+	if err != nil {
+		return "", err
+	}
+	const stream, prefix, id = "BENCHFO", "benchfo", "bench-failover"
+	args := []string{"--kubeconfig", bins.config, "--nats-url", e.st.NATS.URL(), "--namespaces", ns,
+		"--stream-name", stream, "--state-bucket", stream + "_RECORDS", "--receipts-bucket", stream + "_RECEIPTS",
+		"--subject-prefix", prefix, "--snapshot-request-subject", "", "--kubernetes-events=false",
+		"--shards", "16", "--leader-election-id", id, "--leader-election-namespace", ns}
+	type replica struct {
+		cmd     *exec.Cmd
+		metrics string
+	}
+	var replicas []replica
+	defer func() {
+		for _, r := range replicas {
+			_ = r.cmd.Process.Kill()
+			_ = r.cmd.Wait()
+		}
+	}()
+	before := streamMsgs(ctx, e, stream)
+	for range 3 {
+		metricsAddr, healthAddr := freeAddr(), freeAddr()
+		cmd := exec.Command(bins.bridge, append(args, "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr)...)
+		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+		if err := cmd.Start(); err != nil {
+			return "", err
+		}
+		replicas = append(replicas, replica{cmd: cmd, metrics: "http://" + metricsAddr + "/metrics"})
+		if err := waitHTTP("http://"+healthAddr+"/readyz", 60*time.Second); err != nil {
+			return "", err
+		}
+	}
+	t0 := time.Now()
+	if err := waitStreamMsgs(ctx, e, stream, before+uint64(len(names)), 30*time.Minute); err != nil {
+		return "", err
+	}
+	published := time.Since(t0)
+	time.Sleep(5 * time.Second)
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nFailover at %d Students: three replicas over 16 shards as processes, Lease timing as shipped (15s / 10s / 2s), no Kubernetes Events; "+
+		"every Student published by them after %s. Memory of each replica at rest:", len(names), rounded(published))
+	for i, r := range replicas {
+		fmt.Fprintf(&b, " replica %d RSS %.1f MB, heap %.1f MB (%v shards);", i+1, float64(procStatus(r.cmd.Process.Pid, "VmRSS"))/1024,
+			metric(r.metrics, "go_memstats_heap_inuse_bytes")/1e6, metric(r.metrics, "student_bridge_shards_held"))
+	}
+
+	holdersBefore, err := shardHolders(ctx, e, ns, id)
+	if err != nil {
+		return "", err
+	}
+	survivors := replicas[1:]
+	loadCount0, loadSum0 := 0.0, 0.0
+	for _, r := range survivors {
+		loadCount0 += metric(r.metrics, "student_bridge_shard_load_duration_seconds_count")
+		loadSum0 += metric(r.metrics, "student_bridge_shard_load_duration_seconds_sum")
+	}
+
+	// Some Students of every shard change right after the kill; each
+	// change's event is waited for.
+	perShard := map[int][]string{}
+	for _, name := range names {
+		if n := shards.Of(ns, name, 16); len(perShard[n]) < failoverPerShard {
+			perShard[n] = append(perShard[n], name)
+		}
+	}
+	var mu sync.Mutex
+	arrived := map[string]time.Time{}
+	sub, err := e.nc.Subscribe(prefix+".>", func(msg *nats.Msg) {
+		r, err := stacktest.Decode(msg)
+		if err == nil && strings.HasPrefix(r.Data.Spec.School, "failover") {
+			mu.Lock()
+			arrived[r.Data.Metadata.Name] = time.Now()
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+
+	_ = replicas[0].cmd.Process.Signal(syscall.SIGKILL)
+	_ = replicas[0].cmd.Wait()
+	replicas = replicas[1:]
+	killed := time.Now()
+	changed := 0
+	for _, group := range perShard {
+		for _, name := range group {
+			s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+			if err := e.st.Client.Patch(ctx, s, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"school":"failover"}}`))); err != nil {
+				return "", err
+			}
+			changed++
+		}
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		mu.Lock()
+		n := len(arrived)
+		mu.Unlock()
+		if n == changed {
+			break
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("failover: %d of %d changes published within 3 minutes of the kill", n, changed)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	holdersAfter, err := shardHolders(ctx, e, ns, id)
+	if err != nil {
+		return "", err
+	}
+	var moved, stayed []time.Duration
+	movedShards := 0
+	for n, group := range perShard {
+		gone := holdersBefore[n] != holdersAfter[n]
+		if gone {
+			movedShards++
+		}
+		for _, name := range group {
+			if gone {
+				moved = append(moved, arrived[name].Sub(killed))
+			} else {
+				stayed = append(stayed, arrived[name].Sub(killed))
+			}
+		}
+	}
+	if len(moved) == 0 {
+		return "", fmt.Errorf("failover: no shard changed hands after the kill")
+	}
+	slices.Sort(moved)
+	slices.Sort(stayed)
+	loads, loadSum := -loadCount0, -loadSum0
+	for _, r := range survivors {
+		loads += metric(r.metrics, "student_bridge_shard_load_duration_seconds_count")
+		loadSum += metric(r.metrics, "student_bridge_shard_load_duration_seconds_sum")
+	}
+	last := func(d []time.Duration) time.Duration {
+		if len(d) == 0 {
+			return 0
+		}
+		return d[len(d)-1]
+	}
+	fmt.Fprintf(&b, "\nOne replica SIGKILLed, %d Students of every shard changed at once: the changes of its %d shards published after %s (first) to %s (last) from the kill; "+
+		"of the other shards' after at most %s. The survivors loaded the gained shards in %.0f loads taking %s in all (of the pause).\n",
+		failoverPerShard, movedShards, rounded(moved[0]), rounded(last(moved)), rounded(last(stayed)), loads, rounded(time.Duration(loadSum*float64(time.Second))))
+	return b.String(), nil
+}
+
+// shardHolders maps every shard of the bridge id to the replica holding it.
+func shardHolders(ctx context.Context, e *env, ns, id string) (map[int]string, error) {
+	var leases coordinationv1.LeaseList
+	if err := e.st.Client.List(ctx, &leases, client.InNamespace(ns), client.MatchingLabels{shards.LabelBridge: id}); err != nil {
+		return nil, err
+	}
+	return shards.ShardHolders(leases.Items, time.Now()), nil
+}
