@@ -493,19 +493,37 @@ func (r *StudentReconciler) now() time.Time {
 	return time.Now()
 }
 
-// CatchUp queues the records the cache has no Student for: deleted (or out
-// of scope) while the bridge was down. Call it once the cache has synced and
-// Records are loaded.
-func (r *StudentReconciler) CatchUp(ctx context.Context, cached client.Reader) (int, error) {
-	_, gone, err := r.cachedAndGone(ctx, cached)
+// CatchUp queues what changed while no bridge ran, ahead of the rest of
+// the start's catch-up (the watch's initial list, queued below live
+// changes): the Students whose state differs from what was last published
+// or that are being deleted, and the records the cache has no Student for
+// (deleted, or out of scope). Call it once the cache has synced and
+// Records are loaded. It returns how many of each it queued.
+func (r *StudentReconciler) CatchUp(ctx context.Context, cached client.Reader) (changed, gone int, err error) {
+	// Read only: the events carry the cached objects to the queue, which
+	// reads their names.
+	students, records, err := r.cachedAndGone(ctx, cached, client.UnsafeDisableDeepCopy)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	objs := make([]*studentv1.Student, 0, len(gone))
-	for _, rec := range gone {
+	var objs []*studentv1.Student
+	for i := range students {
+		if s := &students[i]; r.needsPublish(s) && (r.Shards == nil || r.Shards.Owns(client.ObjectKeyFromObject(s))) {
+			objs = append(objs, s)
+		}
+	}
+	changed = len(objs)
+	for _, rec := range records {
 		objs = append(objs, recordedStudent(rec))
 	}
-	return r.enqueue(ctx, objs)
+	n, err := r.enqueue(ctx, objs)
+	return min(n, changed), max(n-changed, 0), err
+}
+
+// needsPublish says whether s has a change to publish: it is being
+// deleted, or its state is not what was last published.
+func (r *StudentReconciler) needsPublish(s *studentv1.Student) bool {
+	return !s.DeletionTimestamp.IsZero() || NextChange(s, lastPublished(r.Records.Get(s.UID))) != ""
 }
 
 // cachedAndGone lists the Students in the cache, and the records of those
@@ -559,14 +577,21 @@ type ShardOwner interface {
 // without a Student, for which in is true: what a replica that gained a
 // shard must look at.
 func (r *StudentReconciler) EnqueueShard(ctx context.Context, cached client.Reader, in func(types.NamespacedName) bool) (int, error) {
-	students, gone, err := r.cachedAndGone(ctx, cached)
+	// Read only, as in CatchUp.
+	students, gone, err := r.cachedAndGone(ctx, cached, client.UnsafeDisableDeepCopy)
 	if err != nil {
 		return 0, err
 	}
-	var objs []*studentv1.Student
+	// What changed and what is gone first: it is what the shard's
+	// consumers are waiting for; the rest is looked at after.
+	var objs, rest []*studentv1.Student
 	for i := range students {
-		if in(client.ObjectKeyFromObject(&students[i])) {
-			objs = append(objs, &students[i])
+		switch s := &students[i]; {
+		case !in(client.ObjectKeyFromObject(s)):
+		case r.needsPublish(s):
+			objs = append(objs, s)
+		default:
+			rest = append(rest, s)
 		}
 	}
 	for _, rec := range gone {
@@ -574,6 +599,7 @@ func (r *StudentReconciler) EnqueueShard(ctx context.Context, cached client.Read
 			objs = append(objs, recordedStudent(rec))
 		}
 	}
+	objs = append(objs, rest...)
 	if _, err := r.enqueue(ctx, objs); err != nil {
 		return 0, err
 	}

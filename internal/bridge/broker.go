@@ -169,12 +169,12 @@ func (l *recordLoader) Start(ctx context.Context) error {
 	if !l.mgr.GetCache().WaitForCacheSync(ctx) {
 		return nil
 	}
-	n, err := l.r.CatchUp(ctx, l.mgr.GetClient())
+	changed, gone, err := l.r.CatchUp(ctx, l.mgr.GetClient())
 	if err != nil && ctx.Err() == nil {
 		return err
 	}
-	if n > 0 {
-		l.log.Info("catching up with Students gone while no bridge ran", "records", n)
+	if changed > 0 || gone > 0 {
+		l.log.Info("catching up with what changed while no bridge ran, first", "changed", changed, "gone", gone)
 	}
 	return nil
 }
