@@ -113,7 +113,8 @@ func waitEvents(t *testing.T, nc *nats.Conn, want int) []stacktest.Received {
 // created with kubectl is published.
 func TestDevNATSCluster(t *testing.T) {
 	dir := t.TempDir()
-	natsPort := freePort(t)
+	// The cluster's servers listen on --nats-port and the next two.
+	natsPort := freePorts(t, 3)
 	p := start(t, dir, "dev", "--dir", dir, "--nats-port", fmt.Sprint(natsPort), "--nats-cluster", "3",
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0")
 	p.waitOutput(t, "local stack is up", 90*time.Second)
