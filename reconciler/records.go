@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/labels"
@@ -22,6 +23,11 @@ var (
 		Name: "student_bridge_record_store_operations_total",
 		Help: "Operations on the record store (the key-value bucket of what was published), by operation (load, put, delete) and result (success, conflict, error).",
 	}, []string{"op", "result"})
+	loadDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "student_bridge_record_store_load_duration_seconds",
+		Help:    "How long reading the whole record store took at a start (with seeding it on an upgrade); nothing is published before.",
+		Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
+	})
 	recordsGauge = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "student_bridge_records",
 		Help: "Students the bridge holds a published record of.",
@@ -33,7 +39,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(storeOps, recordsGauge, unsavedGauge)
+	metrics.Registry.MustRegister(storeOps, loadDuration, recordsGauge, unsavedGauge)
 	for _, op := range []string{"load", "put", "delete"} {
 		for _, result := range []string{resultSuccess, "conflict", resultError} {
 			storeOps.WithLabelValues(op, result) // exported from the start, at 0
@@ -82,6 +88,7 @@ func NewRecords() *Records {
 // records an earlier version of the bridge kept in Student status, so an
 // upgrade republishes nothing.
 func (r *Records) Load(ctx context.Context, store sink.Store, seed func(context.Context) ([]studentv1.StudentRecord, error)) error {
+	start := time.Now()
 	all, err := readStore(ctx, store)
 	if err != nil {
 		return fmt.Errorf("load records: %w", err)
@@ -109,6 +116,7 @@ func (r *Records) Load(ctx context.Context, store sink.Store, seed func(context.
 		}
 	}
 	recordsGauge.Set(float64(len(r.byUID)))
+	loadDuration.Observe(time.Since(start).Seconds())
 	r.once.Do(func() { close(r.loaded) })
 	return nil
 }

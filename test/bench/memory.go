@@ -134,8 +134,10 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memP
 		"| Students | ready | every Student reconciled | of it, the catch-up | raw informer sync | reconciled / informer |\n| --- | --- | --- | --- | --- | --- |\n")
 	loadedRestarts.WriteString(fmt.Sprintf("\nRestart under load: a generator changes Students at %d/s; the bridge is stopped, %d Students are deleted (per count, at most a tenth), "+
 		"and it starts again while the changes go on. Steady is the live changes' latency (change to its event on NATS) in the %s before the stop; "+
-		"during the catch-up, of the changes made from the start until the catch-up ended.\n\n"+
-		"| Students | catch-up, idle | catch-up, under load | ratio | deletes made while down, published after | live p50 / p99 ms, steady | live p50 / p99 ms, during the catch-up | p99 ratio |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
+		"during the catch-up, of the changes made from the start until the catch-up ended, and of those made after the records were loaded "+
+		"(student_bridge_record_store_load_duration_seconds after ready: nothing is published before).\n\n"+
+		"| Students | catch-up, idle | catch-up, under load | ratio | deletes made while down, published after | live p50 / p99 ms, steady | live p50 / p99 ms, during the catch-up | p99 ratio | "+
+		"live p50 / p99 ms, after the records loaded | p99 ratio |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
 		loadRate, loadDeletes, loadSteady))
 	rss0, heap0 := sample()
 	fmt.Fprintf(&b, "| 0 | %.1f | %.1f | %.1f | %.1f | - | - |\n", float64(rss0)/1024, heap0, float64(rss0)/1024, heap0)
@@ -185,7 +187,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memP
 		}
 		fmt.Fprintf(&restarts, "| %d | %s | %s | %s | %s | %.2fx |\n", len(live), rounded(ready), rounded(caughtUp), rounded(catchUp), rounded(sync), caughtUp.Seconds()/sync.Seconds())
 
-		row, gone, err := restartUnderLoad(ctx, e, ns, prefix, live, catchUp, stop, start)
+		row, gone, err := restartUnderLoad(ctx, e, ns, prefix, metrics, live, catchUp, stop, start)
 		if err != nil {
 			return "", nil, err
 		}
@@ -272,7 +274,7 @@ const (
 // changes go on and reports a row of the table: the catch-up against idle
 // (the idle restart's), when the deletes were published and the live
 // changes' latency. It returns the Students it deleted.
-func restartUnderLoad(ctx context.Context, e *env, ns, prefix string, live []string, idle time.Duration,
+func restartUnderLoad(ctx context.Context, e *env, ns, prefix, metricsURL string, live []string, idle time.Duration,
 	stop func(), start func() (ready, caughtUp, catchUp time.Duration, err error)) (string, []string, error) {
 	n := len(live)
 	doomed := min(loadDeletes, n/10)
@@ -340,11 +342,13 @@ func restartUnderLoad(ctx context.Context, e *env, ns, prefix string, live []str
 		}
 	}
 	started := time.Now()
-	_, caughtUp, catchUp, err := start()
+	ready, caughtUp, catchUp, err := start()
 	if err != nil {
 		return "", nil, err
 	}
 	catchUpEnd := started.Add(caughtUp)
+	// Nothing can be published before the records are loaded.
+	loaded := started.Add(ready + time.Duration(metric(metricsURL, "student_bridge_record_store_load_duration_seconds_sum")*float64(time.Second)))
 	time.Sleep(2 * time.Second)
 	endLoad()
 	<-loadDone
@@ -371,17 +375,21 @@ func restartUnderLoad(ctx context.Context, e *env, ns, prefix string, live []str
 			lastDelete = at
 		}
 	}
-	var before, during []time.Duration
+	var before, during, afterLoad []time.Duration
 	for _, s := range samples {
 		switch {
 		case !s.at.Before(steadyFrom) && s.at.Before(stopped):
 			before = append(before, s.took.Sub(s.at))
 		case !s.at.Before(started) && s.at.Before(catchUpEnd):
 			during = append(during, s.took.Sub(s.at))
+			if !s.at.Before(loaded) {
+				afterLoad = append(afterLoad, s.took.Sub(s.at))
+			}
 		}
 	}
 	slices.Sort(before)
 	slices.Sort(during)
+	slices.Sort(afterLoad)
 	p := func(d []time.Duration, q int) time.Duration {
 		if len(d) == 0 {
 			return 0
@@ -392,9 +400,14 @@ func restartUnderLoad(ctx context.Context, e *env, ns, prefix string, live []str
 	if p(before, 99) > 0 && len(during) > 0 {
 		ratio = fmt.Sprintf("%.1fx", p(during, 99).Seconds()/p(before, 99).Seconds())
 	}
-	row := fmt.Sprintf("| %d | %s | %s | %.2fx | %d, %s after the start | %s / %s | %s / %s (%d changes) | %s |\n",
+	afterRatio := "-"
+	if p(before, 99) > 0 && len(afterLoad) > 0 {
+		afterRatio = fmt.Sprintf("%.1fx", p(afterLoad, 99).Seconds()/p(before, 99).Seconds())
+	}
+	row := fmt.Sprintf("| %d | %s | %s | %.2fx | %d, %s after the start | %s / %s | %s / %s (%d changes) | %s | %s / %s (%d changes) | %s |\n",
 		n, rounded(idle), rounded(catchUp), catchUp.Seconds()/idle.Seconds(), doomed, rounded(lastDelete.Sub(started)),
-		ms(p(before, 50)), ms(p(before, 99)), ms(p(during, 50)), ms(p(during, 99)), len(during), ratio)
+		ms(p(before, 50)), ms(p(before, 99)), ms(p(during, 50)), ms(p(during, 99)), len(during), ratio,
+		ms(p(afterLoad, 50)), ms(p(afterLoad, 99)), len(afterLoad), afterRatio)
 	return row, deleted, nil
 }
 
