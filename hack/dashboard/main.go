@@ -90,7 +90,9 @@ func build() (dashboard.Dashboard, error) {
 			query{fmt.Sprintf("student_bridge_shards_held{%s}", scope), "{{pod}}"},
 			query{fmt.Sprintf("max(student_bridge_shards{%[1]s}) - sum(student_bridge_shards_held{%[1]s})", scope), "unowned"})).
 		WithPanel(series("Shard handovers", "ops", "Shards taken (acquired) and given up (released, lost).",
-			query{rate("student_bridge_shard_handovers_total", "kind"), "{{kind}}"}))
+			query{rate("student_bridge_shard_handovers_total", "kind"), "{{kind}}"})).
+		WithPanel(series("Catching up", "short", "Students a start or a gained shard queued and not yet reconciled, per replica; the pause of a restart or a failover.",
+			query{fmt.Sprintf("student_bridge_catch_up_students{%s}", scope), "{{pod}}"}))
 
 	b.WithRow(dashboard.NewRowBuilder("What does it cost the cluster?")).
 		WithPanel(series("Status writes", "ops", "Writes of the status view, by result.",
