@@ -229,9 +229,13 @@ func spreadOf(ds []time.Duration) string {
 // killed too (its routes cut first, as in a crash): the gaining replicas
 // reload the shards' records from a bucket electing a new leader. Every
 // final state and every delete is published, and the two replicas end up
-// holding eight shards each.
+// holding eight shards each. An update the killed replica published while
+// the bucket had no leader has no record, so the new owner may number its
+// next event the same (the exception docs/guarantees.md names): the report
+// counts those, every other finding fails.
 func TestShardsHandoverOnCluster(t *testing.T) {
 	w := newWorldWith(t, stack.Options{NATSCluster: 3})
+	w.repeatsAllowed = true
 	_, ps := startReplicas(t, w)
 	burst(t, w, "default", "pre", 30, nil)
 	w.waitVerified(t, "default", 60*time.Second)
