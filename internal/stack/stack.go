@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"os"
@@ -386,17 +387,30 @@ type NATSClusterOptions struct {
 	StoreDir string
 }
 
+// routePort returns a port nothing listens on, for a server to listen on
+// soon: below the kernel's ephemeral range (32768 and up on Linux), so no
+// outgoing connection of the tests running meanwhile takes it first.
+func routePort() (int, error) {
+	for range 100 {
+		p := 20000 + rand.IntN(12000)
+		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p)); err == nil {
+			l.Close()
+			return p, nil
+		}
+	}
+	return 0, errors.New("no free port found below 32768")
+}
+
 // StartNATSCluster starts n servers named n0, n1, ... in one cluster and
 // returns once JetStream has a meta leader.
 func StartNATSCluster(n int, o NATSClusterOptions) (*NATSCluster, error) {
 	ports := make([]int, n)
 	for i := range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		p, err := routePort()
 		if err != nil {
 			return nil, err
 		}
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-		l.Close()
+		ports[i] = p
 	}
 	c := &NATSCluster{links: make([][]*Link, n)}
 	for i := range n {
