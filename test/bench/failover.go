@@ -128,18 +128,15 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (st
 			changed++
 		}
 	}
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
+	if err := stacktest.Eventually(3*time.Minute, func() error {
 		mu.Lock()
-		n := len(arrived)
-		mu.Unlock()
-		if n == changed {
-			break
+		defer mu.Unlock()
+		if n := len(arrived); n != changed {
+			return fmt.Errorf("failover: %d of %d changes published within 3 minutes of the kill", n, changed)
 		}
-		if time.Now().After(deadline) {
-			return "", fmt.Errorf("failover: %d of %d changes published within 3 minutes of the kill", n, changed)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return nil
+	}); err != nil {
+		return "", err
 	}
 	holdersAfter, err := shardHolders(ctx, e, ns, id)
 	if err != nil {

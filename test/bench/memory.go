@@ -352,18 +352,15 @@ func restartUnderLoad(ctx context.Context, e *env, ns, prefix, metricsURL string
 	time.Sleep(2 * time.Second)
 	endLoad()
 	<-loadDone
-	deadline := time.Now().Add(5 * time.Minute)
-	for {
+	if err := stacktest.Eventually(5*time.Minute, func() error {
 		mu.Lock()
-		published := len(deletedAt)
-		mu.Unlock()
-		if published == doomed {
-			break
+		defer mu.Unlock()
+		if published := len(deletedAt); published != doomed {
+			return fmt.Errorf("restart under load: %d of %d deletes made while the bridge was down published", published, doomed)
 		}
-		if time.Now().After(deadline) {
-			return "", nil, fmt.Errorf("restart under load: %d of %d deletes made while the bridge was down published", published, doomed)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return nil
+	}); err != nil {
+		return "", nil, err
 	}
 	time.Sleep(time.Second) // the last live changes' events
 
