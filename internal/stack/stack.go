@@ -387,18 +387,29 @@ type NATSClusterOptions struct {
 	StoreDir string
 }
 
-// routePort returns a port nothing listens on, for a server to listen on
-// soon: below the kernel's ephemeral range (32768 and up on Linux), so no
-// outgoing connection of the tests running meanwhile takes it first.
-func routePort() (int, error) {
+// FreePorts returns the first of n consecutive ports nothing listens on,
+// for servers to listen on soon: below the kernel's ephemeral range
+// (32768 and up on Linux), so no outgoing connection of the tests running
+// meanwhile takes one first.
+func FreePorts(n int) (int, error) {
 	for range 100 {
-		p := 20000 + rand.IntN(12000)
-		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p)); err == nil {
+		base := 20000 + rand.IntN(12000-n)
+		var ls []net.Listener
+		for i := range n {
+			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
+			if err != nil {
+				break
+			}
+			ls = append(ls, l)
+		}
+		for _, l := range ls {
 			l.Close()
-			return p, nil
+		}
+		if len(ls) == n {
+			return base, nil
 		}
 	}
-	return 0, errors.New("no free port found below 32768")
+	return 0, fmt.Errorf("no %d consecutive free ports found below 32768", n)
 }
 
 // StartNATSCluster starts n servers named n0, n1, ... in one cluster and
@@ -406,7 +417,7 @@ func routePort() (int, error) {
 func StartNATSCluster(n int, o NATSClusterOptions) (*NATSCluster, error) {
 	ports := make([]int, n)
 	for i := range n {
-		p, err := routePort()
+		p, err := FreePorts(1)
 		if err != nil {
 			return nil, err
 		}

@@ -5,7 +5,6 @@ package e2e
 import (
 	"bytes"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -141,30 +140,14 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// freePorts returns the first of n consecutive free ports below the
-// kernel's ephemeral range (32768 and up on Linux), where no outgoing
-// connection of a test running meanwhile can take one of them.
+// freePorts returns the first of n consecutive free ports (stack.FreePorts).
 func freePorts(t *testing.T, n int) int {
 	t.Helper()
-	for range 100 {
-		base := 20000 + rand.IntN(12000-n)
-		var ls []net.Listener
-		for i := range n {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", base+i))
-			if err != nil {
-				break
-			}
-			ls = append(ls, l)
-		}
-		for _, l := range ls {
-			l.Close()
-		}
-		if len(ls) == n {
-			return base
-		}
+	base, err := stack.FreePorts(n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("no %d consecutive free ports found", n)
-	return 0
+	return base
 }
 
 func kubectl(t *testing.T, kubeconfig string, args ...string) string {
