@@ -34,6 +34,11 @@ type Receipt struct {
 	Service string `json:"service"`
 	// uid of the Student.
 	UID string `json:"uid"`
+	// cluster of the Student, when a service on a fleet's hub reports it
+	// (the key is then FleetReceiptKey); a bridge skips receipts naming
+	// another cluster than its own.
+	// +optional
+	Cluster string `json:"cluster,omitempty"`
 	// namespace of the Student.
 	Namespace string `json:"namespace"`
 	// name of the Student.
@@ -83,7 +88,9 @@ func (r *Receipt) Validate(key string) error {
 		return fmt.Errorf("service %q is not a valid service name", r.Service)
 	case r.UID == "" || strings.ContainsAny(r.UID, ". *>"):
 		return fmt.Errorf("uid %q is not a Student uid", r.UID)
-	case key != "" && key != ReceiptKey(r.Service, r.UID):
+	case r.Cluster != "" && !ValidClusterName(r.Cluster):
+		return fmt.Errorf("cluster %q is not a valid cluster name", r.Cluster)
+	case key != "" && key != ReceiptKey(r.Service, r.UID) && (r.Cluster == "" || key != FleetReceiptKey(r.Cluster, r.Service, r.UID)):
 		return fmt.Errorf("key %s does not match service %q and uid %q", key, r.Service, r.UID)
 	case r.Namespace == "" || r.Name == "":
 		return fmt.Errorf("namespace and name are required")

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -28,6 +29,13 @@ type BucketConfig struct {
 	Timeout time.Duration
 	// Mover, if set, is told how each read and write went.
 	Mover *Mover
+	// Source, if set, is a stream the bucket sources (a fleet's hub
+	// receipts for this cluster): set on a created bucket, and added to an
+	// existing bucket that lacks it.
+	Source *jetstream.StreamSource
+	// Domain, if set, is the JetStream domain the bucket is in, when it is
+	// not the connection's own (a cluster's, read from a fleet's hub).
+	Domain string
 }
 
 // ErrBucketShape: the bucket exists but cannot serve as the record store
@@ -52,6 +60,9 @@ var _ sink.Store = (*KV)(nil)
 // refused with an error wrapping ErrBucketShape.
 func EnsureBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create bool) (*KV, error) {
 	js, err := jetstream.New(nc)
+	if cfg.Domain != "" {
+		js, err = jetstream.NewWithDomain(nc, cfg.Domain)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("natssink: jetstream: %w", err)
 	}
@@ -71,12 +82,17 @@ func EnsureBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create b
 			History:     1,
 			Storage:     storage,
 			Replicas:    cfg.Replicas,
+			Sources:     sources(cfg.Source),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("create bucket %s: %w", cfg.Name, err)
 		}
 	case err != nil:
 		return nil, fmt.Errorf("look up bucket %s: %w", cfg.Name, err)
+	case cfg.Source != nil:
+		if err := addSource(ctx, js, "KV_"+cfg.Name, cfg.Source); err != nil {
+			return nil, fmt.Errorf("bucket %s: %w", cfg.Name, err)
+		}
 	}
 	status, err := kv.Status(ctx)
 	if err != nil {
@@ -90,6 +106,46 @@ func EnsureBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create b
 		cfg.Timeout = 5 * time.Second
 	}
 	return &KV{nc: nc, kv: kv, bucket: cfg.Name, timeout: cfg.Timeout, mover: cfg.Mover}, nil
+}
+
+func sources(s *jetstream.StreamSource) []*jetstream.StreamSource {
+	if s == nil {
+		return nil
+	}
+	return []*jetstream.StreamSource{s}
+}
+
+// addSource adds src to stream's sources unless it has one of the same
+// stream, domain and filter.
+func addSource(ctx context.Context, js jetstream.JetStream, stream string, src *jetstream.StreamSource) error {
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("look up stream %s: %w", stream, err)
+	}
+	cfg := st.CachedInfo().Config
+	for _, s := range cfg.Sources {
+		if SameSource(s, src) {
+			return nil
+		}
+	}
+	cfg.Sources = append(cfg.Sources, src)
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("add source %s to stream %s: %w", src.Name, stream, err)
+	}
+	return nil
+}
+
+// SameSource reports whether a and b source the same stream of the same
+// domain with the same subject transforms.
+func SameSource(a, b *jetstream.StreamSource) bool {
+	api := func(s *jetstream.StreamSource) string {
+		if s.External == nil {
+			return ""
+		}
+		return s.External.APIPrefix
+	}
+	return a.Name == b.Name && api(a) == api(b) && a.FilterSubject == b.FilterSubject &&
+		slices.Equal(a.SubjectTransforms, b.SubjectTransforms)
 }
 
 // PurgeDeleteMarkers removes the delete markers older than a minute that
