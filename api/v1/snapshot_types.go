@@ -17,6 +17,9 @@ type SnapshotRequest struct {
 type SnapshotReply struct {
 	// run identifies the snapshot; its events' ids derive from it.
 	Run string `json:"run"`
+	// cluster is the answering bridge's cluster (its cluster setting).
+	// +optional
+	Cluster string `json:"cluster,omitempty"`
 	// published counts the snapshot events acknowledged by the stream.
 	Published int `json:"published"`
 	// error says why the snapshot is incomplete; empty on success.

@@ -158,6 +158,9 @@ func addBrokerSetup(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, layo
 		return func() bool { return true }, nil
 	}
 	stream := &streamEnsurer{nc: nc, cfg: streamConfig(cfg, layout), create: cfg.NATS.Stream.Create, log: log.WithName("stream")}
+	if cfg.Fleet.HubDomain != "" {
+		stream.domain = cfg.Cluster
+	}
 	if err := mgr.Add(stream); err != nil {
 		return nil, err
 	}
@@ -221,12 +224,21 @@ func addSnapshots(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, pub *n
 	if !cfg.Snapshot.OnStartup && cfg.Snapshot.RequestSubject == "" {
 		return nil
 	}
+	var subjects []string
+	if s := cfg.Snapshot.RequestSubject; s != "" {
+		subjects = append(subjects, s)
+		if cfg.Fleet.HubDomain != "" {
+			// From the hub, a request names the cluster: the plain subject
+			// does not cross the leaf node connection (docs/fleet.md).
+			subjects = append(subjects, s+"."+cfg.Cluster)
+		}
+	}
 	return mgr.Add(&snapshotServer{
 		nc:         nc,
 		cache:      mgr.GetCache(),
 		snap:       &reconciler.Snapshotter{Reader: mgr.GetClient(), Sink: pub, Cluster: cfg.Cluster, Records: records},
 		onStartup:  cfg.Snapshot.OnStartup,
-		subject:    cfg.Snapshot.RequestSubject,
+		subjects:   subjects,
 		namespaces: cfg.Namespaces,
 		log:        log.WithName("snapshot"),
 	})

@@ -69,9 +69,15 @@ type streamEnsurer struct {
 	nc     *nats.Conn
 	cfg    natssink.StreamConfig
 	create bool
+	// domain, in a fleet, is the JetStream domain the stream must be in:
+	// the cluster's name, by which the hub sources it.
+	domain string
 	log    logr.Logger
 	ready  atomic.Bool
 }
+
+// errWrongDomain stops the bridge: its NATS is not its cluster's.
+var errWrongDomain = errors.New("config key cluster")
 
 // NeedLeaderElection is false: standbys report readiness too.
 func (s *streamEnsurer) NeedLeaderElection() bool { return false }
@@ -87,6 +93,16 @@ func (s *streamEnsurer) Start(ctx context.Context) error {
 		}
 		ctx, cancel := context.WithTimeout(ctx, setupTimeout)
 		defer cancel()
+		if s.domain != "" {
+			acct, err := js.AccountInfo(ctx)
+			if err != nil {
+				return err
+			}
+			if acct.Domain != s.domain {
+				return fmt.Errorf("%w: %q, but the NATS the bridge connects to is in JetStream domain %q; in a fleet (fleet.hubDomain) each cluster's NATS has the cluster's name as its domain (docs/fleet.md)",
+					errWrongDomain, s.domain, acct.Domain)
+			}
+		}
 		info, err := natssink.EnsureStream(ctx, js, s.cfg, s.create)
 		if err != nil {
 			return err
@@ -94,7 +110,7 @@ func (s *streamEnsurer) Start(ctx context.Context) error {
 		s.ready.Store(true)
 		s.log.Info("stream ready", "stream", info.Config.Name, "subjects", info.Config.Subjects, "messages", info.State.Msgs)
 		return nil
-	}, natssink.ErrStreamConflict)
+	}, natssink.ErrStreamConflict, errWrongDomain)
 }
 
 // recordLoader opens the record store when this replica becomes leader,

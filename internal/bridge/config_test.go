@@ -196,3 +196,16 @@ func hasLabels(m *dto.Metric, match map[string]string) bool {
 	}
 	return n == len(match)
 }
+
+// TestFleetNeedsItsClustersDomain: a bridge of a fleet whose NATS is not in
+// the JetStream domain of its cluster's name (here: in none) stops at
+// startup naming the cluster key, rather than publishing into a stream the
+// hub never sources.
+func TestFleetNeedsItsClustersDomain(t *testing.T) {
+	cfg := testConfig(t, newNamespace(t), "nodomain")
+	cfg.Cluster, cfg.Fleet.HubDomain = "east", "hub"
+	err := runUntilError(t, cfg, 30*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "config key cluster") || !strings.Contains(err.Error(), "JetStream domain") {
+		t.Fatalf("bridge stopped with %v, want an error naming the cluster key and the domain", err)
+	}
+}

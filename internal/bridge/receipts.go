@@ -12,6 +12,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/fleet"
 	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink"
 	"github.com/student-bridge/student-bridge/sink/natssink"
@@ -38,13 +39,16 @@ func (w *receiptWatch) Start(ctx context.Context) error {
 	}
 	bucket := natssink.BucketConfig{Name: w.cfg.Receipts.Bucket, Storage: w.cfg.State.Storage, Replicas: w.cfg.State.Replicas,
 		Timeout: w.cfg.NATS.AckTimeout, Description: "What business services applied, per service and Student uid"}
+	if f := w.cfg.Fleet; f.HubDomain != "" {
+		bucket.Source = fleet.ReceiptsSource(f.HubDomain, f.ReceiptsBucket, w.cfg.Cluster, bucket.Name)
+	}
 	err := retry(ctx, w.log, "receipts watch", func(ctx context.Context) error {
 		if !w.nc.IsConnected() {
 			return fmt.Errorf("NATS %s", w.nc.Status())
 		}
 		setup, cancel := context.WithTimeout(ctx, setupTimeout)
+		defer cancel()
 		store, err := natssink.EnsureBucket(setup, w.nc, bucket, w.cfg.Receipts.Create)
-		cancel()
 		if err != nil {
 			return err
 		}
@@ -69,6 +73,11 @@ func (w *receiptWatch) apply(ctx context.Context, rec sink.Record, deleted bool)
 		return
 	}
 	receipt, err := studentv1.ParseReceipt(rec.Key, rec.Value)
+	if err == nil && receipt.Cluster != "" && receipt.Cluster != w.cfg.Cluster {
+		// Another cluster's Student: not ours to show, nor a fault.
+		reconciler.CountReceipt("otherCluster")
+		return
+	}
 	if err != nil {
 		reconciler.CountReceipt("malformed")
 		w.log.Info("skipping a malformed receipt", "key", rec.Key, "reason", err.Error())

@@ -125,6 +125,24 @@ func TestReceiptsShowOnTheStudent(t *testing.T) {
 	}
 	expect("2/2", metav1.ConditionTrue, map[string]string{"audit": "Failed", "billing": "InSync", "library": "InSync"})
 
+	// A receipt of another cluster's Student (a fleet's, come home to the
+	// wrong bucket) is neither malformed nor unknown: not this bridge's.
+	unknown, other := receiptCount(t, "unknownStudent"), receiptCount(t, "otherCluster")
+	if _, err := kv.Put(ctx, "library.west-uid", []byte(`{"service":"library","uid":"west-uid","cluster":"west","namespace":"`+ns+`","name":"object-name","eventID":"x","result":"applied"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := stacktest.Eventually(30*time.Second, func() error {
+		if n := receiptCount(t, "otherCluster"); n != other+1 {
+			return fmt.Errorf("receipts counted otherCluster %v, want %v", n, other+1)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n := receiptCount(t, "unknownStudent"); n != unknown {
+		t.Fatalf("another cluster's receipt counted unknownStudent (%v, was %v)", n, unknown)
+	}
+
 	// A change: both services are behind until they report it.
 	patch(t, getStudent(t, s.Namespace, s.Name), func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
 	second := published()

@@ -24,7 +24,9 @@ type snapshotServer struct {
 	cache     cache.Cache
 	snap      *reconciler.Snapshotter
 	onStartup bool
-	subject   string
+	// subjects are where requests are answered: snapshot.requestSubject
+	// and, in a fleet, <snapshot.requestSubject>.<cluster>.
+	subjects []string
 	// namespaces are the watched namespaces; empty means all.
 	namespaces []string
 	log        logr.Logger
@@ -37,15 +39,15 @@ func (s *snapshotServer) Start(ctx context.Context) error {
 	if !s.cache.WaitForCacheSync(ctx) {
 		return nil
 	}
-	if s.subject != "" {
+	for _, subject := range s.subjects {
 		// A queue group: with active-active replicas (shards), one of them
 		// answers each request.
-		sub, err := s.nc.QueueSubscribe(s.subject, "student-bridge", func(msg *nats.Msg) { go s.serve(ctx, msg) })
+		sub, err := s.nc.QueueSubscribe(subject, "student-bridge", func(msg *nats.Msg) { go s.serve(ctx, msg) })
 		if err != nil {
-			return fmt.Errorf("subscribe to snapshot requests on %s: %w", s.subject, err)
+			return fmt.Errorf("subscribe to snapshot requests on %s: %w", subject, err)
 		}
 		defer func() { _ = sub.Unsubscribe() }()
-		s.log.Info("answering snapshot requests", "subject", s.subject)
+		s.log.Info("answering snapshot requests", "subject", subject)
 	}
 	if s.onStartup {
 		s.startup(ctx)
@@ -69,7 +71,7 @@ func (s *snapshotServer) startup(ctx context.Context) {
 
 func (s *snapshotServer) serve(ctx context.Context, msg *nats.Msg) {
 	var req studentv1.SnapshotRequest
-	reply := studentv1.SnapshotReply{Run: s.newRun("request")}
+	reply := studentv1.SnapshotReply{Run: s.newRun("request"), Cluster: s.snap.Cluster}
 	if len(msg.Data) > 0 {
 		if err := json.Unmarshal(msg.Data, &req); err != nil {
 			reply.Error = fmt.Sprintf("bad request: %v", err)

@@ -33,6 +33,7 @@ type Config struct {
 	ShutdownTimeout     time.Duration  `mapstructure:"shutdownTimeout"`
 	Snapshot            Snapshot       `mapstructure:"snapshot"`
 	Receipts            Receipts       `mapstructure:"receipts"`
+	Fleet               Fleet          `mapstructure:"fleet"`
 	Shards              Shards         `mapstructure:"shards"`
 	Services            Services       `mapstructure:"services"`
 	State               State          `mapstructure:"state"`
@@ -73,6 +74,13 @@ type Shards struct {
 	Count int `mapstructure:"count"`
 }
 
+// Fleet configures a bridge in one cluster of many fanned into a hub
+// (docs/fleet.md).
+type Fleet struct {
+	HubDomain      string `mapstructure:"hubDomain"`
+	ReceiptsBucket string `mapstructure:"receiptsBucket"`
+}
+
 // Receipts configures the bucket where services report what they applied.
 type Receipts struct {
 	Bucket string `mapstructure:"bucket"`
@@ -94,6 +102,7 @@ type Snapshot struct {
 
 // Tail configures `student-bridge tail`, the consumer side.
 type Tail struct {
+	Cluster      string   `mapstructure:"cluster"`
 	Subjects     []string `mapstructure:"subjects"`
 	Output       string   `mapstructure:"output"`
 	Deliver      string   `mapstructure:"deliver"`

@@ -50,6 +50,15 @@ func NewSnapshotLoader(fs *pflag.FlagSet) *Loader {
 	return l
 }
 
+// NewHubLoader returns the Loader of `student-bridge hub`: the NATS
+// connection flags (to the hub).
+func NewHubLoader(fs *pflag.FlagSet) *Loader {
+	l := newLoader()
+	l.validate = (*Config).validateConnection
+	l.addFlags(fs, connectionSettings())
+	return l
+}
+
 // NewServicesLoader returns the Loader of `student-bridge services`: the
 // NATS connection flags, the record store and receipts buckets and the
 // expected services.

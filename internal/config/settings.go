@@ -88,6 +88,8 @@ var Settings = []Setting{
 	{"shards.count", "shards", 1, "1: one replica (the leader, leaderElection) publishes for every Student. More: every replica publishes for the shards it holds (a hash of namespace/name; a Lease per shard, see docs/scaling.md). All replicas and the record store must agree on it."},
 	{"receipts.bucket", "receipts-bucket", studentv1.ReceiptsBucket, "JetStream key-value bucket where services report what they applied (key <service>.<uid>); shown on the Student's status. Empty disables receipts."},
 	{"receipts.create", "receipts-create", true, "Create the receipts bucket if it is missing (like the record store: state.storage, state.replicas). An existing bucket is never changed."},
+	{"fleet.hubDomain", "fleet-hub-domain", "", "JetStream domain of the hub this cluster's NATS is a leaf node of (docs/fleet.md). Set, the bridge is one of a fleet: cluster must name this cluster and be its NATS's JetStream domain, snapshot requests are also answered on <snapshot.requestSubject>.<cluster>, and the receipts bucket sources this cluster's receipts from the hub's. Empty: one cluster."},
+	{"fleet.receiptsBucket", "fleet-receipts-bucket", studentv1.FleetReceiptsBucket, "The hub's receipts bucket (keys <cluster>.<service>.<uid>) that the receipts bucket sources this cluster's keys from, with fleet.hubDomain."},
 	{"services.expected", "expected-services", []string{}, "Services that must report a change applied before the Student shows InSync, comma separated. Receipts of other services are shown but not required."},
 }
 
@@ -107,6 +109,7 @@ var Choices = map[string][]string{
 // TailSettings are the keys of `student-bridge tail`; they live in the same
 // file, under tail:.
 var TailSettings = []Setting{
+	{"tail.cluster", "cluster", "", "On a fleet's hub (docs/fleet.md): read the hub's stream (STUDENTS_FLEET unless nats.stream.name says otherwise) and only this cluster's events, <nats.subjectPrefix>.<cluster>.>; \"*\" reads every cluster's."},
 	{"tail.subjects", "subjects", []string{}, "Subjects to read, comma separated; default <nats.subjectPrefix>.> (everything)."},
 	{"tail.output", "output", "text", "text: one readable line per event; json: one CloudEvent JSON object per line."},
 	{"tail.deliver", "deliver", "new", "new: only events from now on; all: the whole stream; last: the last event of every Student, then new ones; since: from tail.since; sequence: from tail.fromSequence."},

@@ -103,6 +103,12 @@ func (c *Config) Validate() error {
 	case c.Shards.Count > 1 && (c.LeaderElection.RenewDeadline <= c.LeaderElection.RetryPeriod || c.LeaderElection.RenewDeadline >= c.LeaderElection.LeaseDuration):
 		return bad("leaderElection.renewDeadline", "%s must be between leaderElection.retryPeriod (%s) and leaderElection.leaseDuration (%s): a replica renews its member Lease every leaseDuration - renewDeadline and gives up its shards when it could not renew for renewDeadline",
 			c.LeaderElection.RenewDeadline, c.LeaderElection.RetryPeriod, c.LeaderElection.LeaseDuration)
+	case c.Fleet.HubDomain != "" && (c.Cluster == "default" || !studentv1.ValidClusterName(c.Cluster)):
+		return bad("cluster", "%q: in a fleet (fleet.hubDomain) name this cluster, as its NATS's JetStream domain is named (letters, digits, '-', '_', up to 63): two clusters of one name would collide on the hub", c.Cluster)
+	case c.Fleet.HubDomain != "" && (!studentv1.ValidClusterName(c.Fleet.HubDomain) || c.Fleet.HubDomain == c.Cluster):
+		return bad("fleet.hubDomain", "%q must be a JetStream domain (letters, digits, '-', '_') other than the cluster's", c.Fleet.HubDomain)
+	case c.Fleet.HubDomain != "" && !validBucketName(c.Fleet.ReceiptsBucket):
+		return bad("fleet.receiptsBucket", "%q must be only letters, digits, '_' and '-'", c.Fleet.ReceiptsBucket)
 	case len(c.Services.Expected) > 0 && c.Receipts.Bucket == "":
 		return bad("services.expected", "needs receipts.bucket")
 	case strings.ContainsAny(c.Snapshot.RequestSubject, " \t*>"):
@@ -191,6 +197,10 @@ func (c *Config) ValidateTail() error {
 		return bad("tail.fromSequence", "must be at least 1 with tail.deliver=sequence")
 	case !isChoice("tail.deliver", t.Deliver):
 		return notAChoice("tail.deliver", t.Deliver)
+	case t.Cluster != "" && t.Cluster != "*" && !studentv1.ValidClusterName(t.Cluster):
+		return bad("tail.cluster", "%q is not a cluster name (letters, digits, '-', '_')", t.Cluster)
+	case t.Cluster != "" && len(t.Subjects) > 0:
+		return bad("tail.cluster", "set either tail.cluster or tail.subjects, not both")
 	case strings.ContainsAny(t.Durable, ". *>\t"):
 		return bad("tail.durable", "%q must not contain '.', '*', '>' or spaces", t.Durable)
 	}
