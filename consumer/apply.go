@@ -74,8 +74,8 @@ func (m *Mirror) receive(ctx context.Context, d delivery) {
 	des := d.ev.desired(d.seq)
 	m.track(des)
 	m.enqueue(des, d.ev, d.seq, false)
-	if p := m.pending[des.UID]; p != nil && !p.waiting && p.attempts == 0 {
-		m.handle(ctx, des.UID)
+	if k := m.key(des.Cluster, des.UID); m.pending[k] != nil && !m.pending[k].waiting && m.pending[k].attempts == 0 {
+		m.handle(ctx, k)
 	}
 	m.ack()
 }
@@ -83,10 +83,11 @@ func (m *Mirror) receive(ctx context.Context, d delivery) {
 // enqueue adds an event to its Student's pending change, coalescing it
 // with what is pending already.
 func (m *Mirror) enqueue(d *Desired, ev *event, seq uint64, catchUp bool) {
-	p := m.pending[d.UID]
+	k := m.key(d.Cluster, d.UID)
+	p := m.pending[k]
 	if p == nil {
 		p = &pendingStudent{catchUp: catchUp}
-		m.pending[d.UID] = p
+		m.pending[k] = p
 		if catchUp {
 			m.catchUp++
 		}
@@ -94,47 +95,49 @@ func (m *Mirror) enqueue(d *Desired, ev *event, seq uint64, catchUp bool) {
 	if seq > 0 {
 		p.seqs = append(p.seqs, seq)
 	}
-	p.change = Change{UID: d.UID, Namespace: d.Namespace, Name: d.Name, EventID: ev.id, EventType: ev.typ, Generation: d.Generation, TraceParent: ev.traceparent}
+	p.change = Change{Cluster: d.Cluster, UID: d.UID, Namespace: d.Namespace, Name: d.Name, EventID: ev.id, EventType: ev.typ, Generation: d.Generation, TraceParent: ev.traceparent}
 	p.latest, p.seq = d, d.Sequence
 	if ev.typ == studentv1.EventTypeDeleted {
 		p.latest = nil
 	}
 }
 
-// pendingInOrder lists the pending Students by the sequence of their
-// newest event.
+// pendingInOrder lists the keys of the pending Students by the sequence
+// of their newest event.
 func (m *Mirror) pendingInOrder() []string {
-	uids := slices.Collect(maps.Keys(m.pending))
-	slices.SortFunc(uids, func(a, b string) int {
+	keys := slices.Collect(maps.Keys(m.pending))
+	slices.SortFunc(keys, func(a, b string) int {
 		return cmp.Compare(m.pending[a].seq, m.pending[b].seq)
 	})
-	return uids
+	return keys
 }
 
-// handle applies the pending change of uid: skipped when already applied
-// (the same event id, or reported applied before a restart), else handed
-// to the handler and reported; a failure is retried with backoff.
-func (m *Mirror) handle(ctx context.Context, uid string) {
-	p := m.pending[uid]
+// handle applies the pending change of the Student of key: skipped when
+// already applied (the same event id, or reported applied before a
+// restart), else handed to the handler and reported; a failure is retried
+// with backoff.
+func (m *Mirror) handle(ctx context.Context, key string) {
+	p := m.pending[key]
 	m.mu.Lock()
-	old := m.applied[uid]
+	old := m.applied[key]
 	m.mu.Unlock()
 	c := p.change
 	c.Old, c.New = old, p.latest
+	cluster, uid := m.receiptCluster(c), c.UID
 	switch {
 	case c.New == nil && old == nil:
 		// Deleted before the service applied it: nothing to undo.
-		_ = m.rep.Forget(ctx, uid)
-		m.settle(uid, nil)
+		_ = m.rep.forget(ctx, cluster, uid)
+		m.settle(key, nil)
 		return
 	case c.New != nil && old != nil && (old.EventID == c.New.EventID || sameState(old, c.New)):
 		// The same event, or one with the same state (a snapshot of a
 		// Student that did not change): nothing to apply.
-		m.settle(uid, c.New)
+		m.settle(key, c.New)
 		return
 	case p.catchUp && p.attempts == 0 && c.New != nil:
-		if id, err := m.rep.Applied(ctx, uid); err == nil && id == c.New.EventID {
-			m.settle(uid, c.New) // applied and reported before a restart
+		if id, err := m.rep.applied(ctx, cluster, uid); err == nil && id == c.New.EventID {
+			m.settle(key, c.New) // applied and reported before a restart
 			return
 		}
 	}
@@ -147,20 +150,20 @@ func (m *Mirror) handle(ctx context.Context, uid string) {
 	endApply(span, err)
 	if err == nil {
 		if c.New == nil {
-			err = m.rep.Forget(ctx, uid)
+			err = m.rep.forget(ctx, cluster, uid)
 		} else {
-			err = m.rep.Report(ctx, receipt(c, studentv1.ResultApplied, "", traceID))
+			err = m.rep.Report(ctx, receipt(c, cluster, studentv1.ResultApplied, "", traceID))
 		}
 		if err != nil {
 			err = fmt.Errorf("applied, but the receipt was not written: %w", err)
 		}
 	} else if c.New != nil {
-		if rerr := m.rep.Report(ctx, receipt(c, studentv1.ResultFailed, err.Error(), traceID)); rerr != nil {
+		if rerr := m.rep.Report(ctx, receipt(c, cluster, studentv1.ResultFailed, err.Error(), traceID)); rerr != nil {
 			m.log.Warn("writing a failed receipt failed", "student", c.Namespace+"/"+c.Name, "reason", rerr.Error())
 		}
 	}
 	if err == nil {
-		m.settle(uid, c.New)
+		m.settle(key, c.New)
 		return
 	}
 	p.attempts++
@@ -169,7 +172,7 @@ func (m *Mirror) handle(ctx context.Context, uid string) {
 	p.waiting = true
 	time.AfterFunc(delay, func() {
 		select {
-		case m.retries <- uid:
+		case m.retries <- key:
 		case <-ctx.Done():
 		}
 	})
@@ -179,18 +182,18 @@ func sameState(a, b *Desired) bool {
 	return a.Generation == b.Generation && a.Spec == b.Spec && maps.Equal(a.Labels, b.Labels)
 }
 
-// settle records uid's pending change as applied (newState nil: deleted)
-// and lets its events be acknowledged.
-func (m *Mirror) settle(uid string, newState *Desired) {
+// settle records the pending change of the Student of key as applied
+// (newState nil: deleted) and lets its events be acknowledged.
+func (m *Mirror) settle(key string, newState *Desired) {
 	m.mu.Lock()
 	if newState == nil {
-		delete(m.applied, uid)
+		delete(m.applied, key)
 	} else {
-		m.applied[uid] = newState
+		m.applied[key] = newState
 	}
 	m.mu.Unlock()
-	p := m.pending[uid]
-	delete(m.pending, uid)
+	p := m.pending[key]
+	delete(m.pending, key)
 	if p.catchUp {
 		m.catchUp--
 	}
@@ -222,8 +225,17 @@ func (m *Mirror) ack() {
 	m.held = m.held[n:]
 }
 
-func receipt(c Change, result, message, traceID string) studentv1.Receipt {
-	return studentv1.Receipt{UID: c.UID, Namespace: c.Namespace, Name: c.Name, EventID: c.EventID, TraceID: traceID,
+// receiptCluster is the cluster a receipt of c names: with Fleet, the
+// Student's (its key in the hub's bucket); else none.
+func (m *Mirror) receiptCluster(c Change) string {
+	if m.o.Fleet {
+		return c.Cluster
+	}
+	return ""
+}
+
+func receipt(c Change, cluster, result, message, traceID string) studentv1.Receipt {
+	return studentv1.Receipt{Cluster: cluster, UID: c.UID, Namespace: c.Namespace, Name: c.Name, EventID: c.EventID, TraceID: traceID,
 		Generation: c.Generation, Result: result, Message: message, Time: metav1.Now()}
 }
 
@@ -231,7 +243,8 @@ func receipt(c Change, result, message, traceID string) studentv1.Receipt {
 // before it and counts a gap. A snapshot carries the number of the last
 // change: one above what was read means that change was missed.
 func (m *Mirror) track(d *Desired) {
-	prev, seen := m.numbers[d.UID]
+	k := m.key(d.Cluster, d.UID)
+	prev, seen := m.numbers[k]
 	next := d.StudentSequence
 	if next == 0 {
 		return // an event of a bridge that did not count yet
@@ -246,10 +259,10 @@ func (m *Mirror) track(d *Desired) {
 			"uid", d.UID, "after", prev, "got", next, "event", d.EventID, "streamSequence", d.Sequence)
 	}
 	if d.EventType == studentv1.EventTypeDeleted {
-		delete(m.numbers, d.UID)
+		delete(m.numbers, k)
 		return
 	}
 	if next > prev {
-		m.numbers[d.UID] = next
+		m.numbers[k] = next
 	}
 }

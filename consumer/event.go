@@ -16,7 +16,8 @@ import (
 // event is the part of a Student CloudEvent the mirror reads.
 type event struct {
 	id, typ string
-	number  int64 // the Student sequence; 0: none
+	cluster string // named by the source
+	number  int64  // the Student sequence; 0: none
 	// traceparent is the event's W3C trace context, if it carries one.
 	traceparent string
 	data        studentv1.StudentEventData
@@ -24,7 +25,7 @@ type event struct {
 
 func (e *event) desired(seq uint64) *Desired {
 	md := e.data.Metadata
-	return &Desired{UID: md.UID, Namespace: md.Namespace, Name: md.Name, Generation: md.Generation,
+	return &Desired{Cluster: e.cluster, UID: md.UID, Namespace: md.Namespace, Name: md.Name, Generation: md.Generation,
 		Spec: e.data.Spec, Labels: md.Labels, EventID: e.id, EventType: e.typ, Sequence: seq, StudentSequence: e.number}
 }
 
@@ -35,7 +36,7 @@ func decode(msg jetstream.Msg) (*event, error) {
 	if err != nil {
 		return nil, err
 	}
-	ev := &event{id: ce.ID(), typ: ce.Type()}
+	ev := &event{id: ce.ID(), typ: ce.Type(), cluster: studentv1.ClusterOfSource(ce.Source())}
 	ev.number, _ = studentv1.ParseSequence(ce.Extensions()[studentv1.ExtensionSequence])
 	ev.traceparent, _ = ce.Extensions()[studentv1.ExtensionTraceParent].(string)
 	if err := json.Unmarshal(ce.Data(), &ev.data); err != nil {

@@ -25,6 +25,8 @@ import (
 
 // Desired is the desired state of one Student, as an event carried it.
 type Desired struct {
+	// Cluster is the cluster the event's source names.
+	Cluster    string
 	UID        string
 	Namespace  string
 	Name       string
@@ -49,9 +51,10 @@ type Desired struct {
 type Change struct {
 	Old *Desired
 	New *Desired
-	// UID, Namespace and Name identify the Student; EventID, EventType and
-	// Generation the newest event behind the change (the deleted event's
-	// when New is nil).
+	// Cluster, UID, Namespace and Name identify the Student; EventID,
+	// EventType and Generation the newest event behind the change (the
+	// deleted event's when New is nil).
+	Cluster    string
 	UID        string
 	Namespace  string
 	Name       string
@@ -76,12 +79,21 @@ type MirrorOptions struct {
 	Service string
 	// Handler applies each change.
 	Handler Handler
-	// Stream is the bridge's stream; default STUDENTS.
+	// Stream is the bridge's stream; default STUDENTS (STUDENTS_FLEET
+	// with Fleet).
 	Stream string
-	// Subjects filters the stream; default student.> (every event).
+	// Subjects filters the stream; default student.> (every event; on a
+	// hub, student.east.> is cluster east's).
 	Subjects string
-	// ReceiptsBucket is where receipts go; default STUDENT_BRIDGE_RECEIPTS.
+	// ReceiptsBucket is where receipts go; default STUDENT_BRIDGE_RECEIPTS
+	// (STUDENT_FLEET_RECEIPTS with Fleet).
 	ReceiptsBucket string
+	// Fleet reads a hub's stream of many clusters (docs/fleet.md):
+	// Students are told apart by cluster and uid, receipts are written
+	// under the hub's keys (studentv1.FleetReceiptKey) to find their way
+	// to each Student's cluster, and a snapshot is asked of every cluster
+	// the stream sources (<SnapshotSubject>.<cluster>).
+	Fleet bool
 	// SnapshotSubject is the bridge's snapshot request subject, default
 	// student-bridge.snapshot; NoSnapshots never asks. When events the service
 	// has not seen have left the stream (its limits, e.g. maxAge), the
@@ -119,7 +131,7 @@ type Mirror struct {
 	log *slog.Logger
 
 	mu      sync.Mutex
-	applied map[string]*Desired // by uid: what the handler applied
+	applied map[string]*Desired // by key: what the handler applied
 
 	// Owned by Run's loop.
 	pending   map[string]*pendingStudent
@@ -127,7 +139,7 @@ type Mirror struct {
 	catchUp   int // rebuild Students not yet applied
 	retries   chan string
 	lastStart uint64 // the stream's last sequence when Run started
-	// numbers is the Student sequence of the newest event read per uid.
+	// numbers is the Student sequence of the newest event read per key.
 	numbers map[string]int64
 	gaps    atomic.Int64
 }
@@ -156,6 +168,10 @@ func NewMirror(nc *nats.Conn, o MirrorOptions) (*Mirror, error) {
 	if o.Handler == nil {
 		return nil, errors.New("consumer: a Handler is required")
 	}
+	if o.Fleet {
+		o.Stream = cmp.Or(o.Stream, studentv1.FleetStream)
+		o.ReceiptsBucket = cmp.Or(o.ReceiptsBucket, studentv1.FleetReceiptsBucket)
+	}
 	o.Stream = cmp.Or(o.Stream, studentv1.DefaultStream)
 	o.Subjects = cmp.Or(o.Subjects, studentv1.DefaultSubjects)
 	o.ReceiptsBucket = cmp.Or(o.ReceiptsBucket, studentv1.ReceiptsBucket)
@@ -174,15 +190,30 @@ func NewMirror(nc *nats.Conn, o MirrorOptions) (*Mirror, error) {
 	return &Mirror{o: o, nc: nc, js: js, log: o.Logger.With("service", o.Service), applied: map[string]*Desired{}}, nil
 }
 
-// State returns the desired state the handler has applied, by uid.
+// State returns the desired state the handler has applied, by uid (with
+// Fleet, by Key: cluster and uid).
 func (m *Mirror) State() map[string]Desired {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := make(map[string]Desired, len(m.applied))
-	for uid, d := range m.applied {
-		out[uid] = *d
+	for k, d := range m.applied {
+		out[k] = *d
 	}
 	return out
+}
+
+// Key is how a Mirror with Fleet tells a Student apart: its cluster and
+// uid (uids are unique within a cluster, and a cluster restored from
+// another's backup keeps them).
+func Key(cluster, uid string) string { return cluster + "/" + uid }
+
+// key is the Student's key in the Mirror's maps: its uid, or with Fleet
+// its Key.
+func (m *Mirror) key(cluster, uid string) string {
+	if m.o.Fleet {
+		return Key(cluster, uid)
+	}
+	return uid
 }
 
 // Gaps counts the events the Mirror found missing: a Student's event
@@ -251,13 +282,13 @@ func (m *Mirror) Run(ctx context.Context) error {
 	m.retries = make(chan string, 64)
 	if err := m.fold(ctx, stream, last, func(d *Desired, ev *event) {
 		m.track(d)
-		switch {
+		switch k := m.key(d.Cluster, d.UID); {
 		case d.Sequence > floor:
 			m.enqueue(d, ev, 0, true)
 		case d.EventType == studentv1.EventTypeDeleted:
-			delete(applied, d.UID)
+			delete(applied, k)
 		default:
-			applied[d.UID] = d
+			applied[k] = d
 		}
 	}); err != nil {
 		return err
@@ -266,8 +297,8 @@ func (m *Mirror) Run(ctx context.Context) error {
 	m.applied = applied
 	m.mu.Unlock()
 	m.log.Info("rebuilt the desired state", "applied", len(applied), "changed", len(m.pending), "fromSequence", floor+1, "toSequence", last)
-	for _, uid := range m.pendingInOrder() {
-		m.handle(ctx, uid)
+	for _, k := range m.pendingInOrder() {
+		m.handle(ctx, k)
 	}
 
 	msgs, stop, err := m.deliveries(ctx, cons)
@@ -279,10 +310,10 @@ func (m *Mirror) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
-		case uid := <-m.retries:
-			if p := m.pending[uid]; p != nil {
+		case k := <-m.retries:
+			if p := m.pending[k]; p != nil {
 				p.waiting = false
-				m.handle(ctx, uid)
+				m.handle(ctx, k)
 			}
 		case d, ok := <-msgs:
 			if !ok {

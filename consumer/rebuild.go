@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -13,29 +14,61 @@ import (
 )
 
 // snapshot asks the bridge for a snapshot and returns the stream's last
-// sequence once every snapshot event is in it.
+// sequence once every snapshot event is in it. With Fleet it asks the
+// bridge of every cluster the stream sources.
 func (m *Mirror) snapshot(ctx context.Context, stream jetstream.Stream, firstSeq uint64) (uint64, error) {
-	body, _ := json.Marshal(studentv1.SnapshotRequest{})
 	rctx, cancel := context.WithTimeout(ctx, m.o.SnapshotTimeout)
 	defer cancel()
-	msg, err := m.nc.RequestWithContext(rctx, m.o.SnapshotSubject, body)
-	if err == nil {
-		var reply studentv1.SnapshotReply
-		if err = json.Unmarshal(msg.Data, &reply); err == nil && reply.Error != "" {
-			err = errors.New(reply.Error)
+	if !m.o.Fleet {
+		if _, err := m.requestSnapshot(rctx, m.o.SnapshotSubject, firstSeq); err != nil {
+			return 0, err
 		}
-		if err == nil {
-			m.log.Info("events the service has not seen left the stream; the bridge published a snapshot", "firstSequence", firstSeq, "snapshot", reply.Run, "students", reply.Published)
+	} else {
+		for _, src := range stream.CachedInfo().Config.Sources {
+			// The snapshot's events reach the stream as the cluster's
+			// others do: those sourced by now are rebuilt from, the
+			// others come as live changes.
+			if cluster, ok := fleetSource(src); ok {
+				if _, err := m.requestSnapshot(rctx, m.o.SnapshotSubject+"."+cluster, firstSeq); err != nil {
+					return 0, err
+				}
+			}
 		}
-	}
-	if err != nil {
-		return 0, fmt.Errorf("consumer: events from before sequence %d left the stream, and the snapshot request on %s failed (is the bridge running with snapshot requests?): %w", firstSeq, m.o.SnapshotSubject, err)
 	}
 	info, err := stream.Info(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("consumer: stream %s: %w", m.o.Stream, err)
 	}
 	return info.State.LastSeq, nil
+}
+
+func (m *Mirror) requestSnapshot(ctx context.Context, subject string, firstSeq uint64) (studentv1.SnapshotReply, error) {
+	body, _ := json.Marshal(studentv1.SnapshotRequest{})
+	var reply studentv1.SnapshotReply
+	msg, err := m.nc.RequestWithContext(ctx, subject, body)
+	if err == nil {
+		if err = json.Unmarshal(msg.Data, &reply); err == nil && reply.Error != "" {
+			err = errors.New(reply.Error)
+		}
+	}
+	if err != nil {
+		return reply, fmt.Errorf("consumer: events from before sequence %d left the stream, and the snapshot request on %s failed (is the bridge running with snapshot requests?): %w", firstSeq, subject, err)
+	}
+	m.log.Info("events the service has not seen left the stream; the bridge published a snapshot", "firstSequence", firstSeq,
+		"cluster", reply.Cluster, "snapshot", reply.Run, "students", reply.Published)
+	return reply, nil
+}
+
+// fleetSource reads a hub stream's source of a cluster's stream (as
+// fleet.EnsureHub makes it): the cluster, whose name is its JetStream
+// domain.
+func fleetSource(src *jetstream.StreamSource) (cluster string, ok bool) {
+	if src.External == nil {
+		return "", false
+	}
+	rest, ok := strings.CutPrefix(src.External.APIPrefix, "$JS.")
+	cluster, ok2 := strings.CutSuffix(rest, ".API")
+	return cluster, ok && ok2 && cluster != ""
 }
 
 // rebuildConsumer names the consumer a service's Mirror reads the stream

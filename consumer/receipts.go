@@ -20,6 +20,15 @@ type Reporter struct {
 	kv      jetstream.KeyValue
 }
 
+// key is where the receipt of the Student uid of cluster goes: the hub's
+// key when cluster is set.
+func (p *Reporter) key(cluster, uid string) string {
+	if cluster != "" {
+		return studentv1.FleetReceiptKey(cluster, p.service, uid)
+	}
+	return studentv1.ReceiptKey(p.service, uid)
+}
+
 // NewReporter opens the receipts bucket on nc for service, as NewMirror
 // takes nc: studentv1.ReceiptsBucket when bucket is empty (the bridge
 // creates it).
@@ -42,7 +51,8 @@ func NewReporter(ctx context.Context, nc *nats.Conn, service, bucket string) (*R
 }
 
 // Report writes r as the service's receipt for r.UID; r.Service is set to
-// the reporter's service.
+// the reporter's service. A receipt naming r.Cluster goes to the hub's key
+// (studentv1.FleetReceiptKey): report it so into a hub's receipts bucket.
 func (p *Reporter) Report(ctx context.Context, r studentv1.Receipt) error {
 	r.Service = p.service
 	if len(r.Message) > studentv1.MaxReceiptMessage {
@@ -55,7 +65,7 @@ func (p *Reporter) Report(ctx context.Context, r studentv1.Receipt) error {
 	if err != nil {
 		return err
 	}
-	if _, err := p.kv.Put(ctx, studentv1.ReceiptKey(r.Service, r.UID), b); err != nil {
+	if _, err := p.kv.Put(ctx, p.key(r.Cluster, r.UID), b); err != nil {
 		return fmt.Errorf("consumer: write receipt of %s/%s: %w", r.Namespace, r.Name, err)
 	}
 	return nil
@@ -64,7 +74,16 @@ func (p *Reporter) Report(ctx context.Context, r studentv1.Receipt) error {
 // Applied returns the event id of the service's receipt for uid if it
 // reports that event applied, "" otherwise.
 func (p *Reporter) Applied(ctx context.Context, uid string) (string, error) {
-	e, err := p.kv.Get(ctx, studentv1.ReceiptKey(p.service, uid))
+	return p.applied(ctx, "", uid)
+}
+
+// AppliedIn is Applied for a Student of cluster, in a hub's bucket.
+func (p *Reporter) AppliedIn(ctx context.Context, cluster, uid string) (string, error) {
+	return p.applied(ctx, cluster, uid)
+}
+
+func (p *Reporter) applied(ctx context.Context, cluster, uid string) (string, error) {
+	e, err := p.kv.Get(ctx, p.key(cluster, uid))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return "", nil
 	}
@@ -79,8 +98,15 @@ func (p *Reporter) Applied(ctx context.Context, uid string) (string, error) {
 }
 
 // Forget removes the service's receipt for uid (its Student is deleted).
-func (p *Reporter) Forget(ctx context.Context, uid string) error {
-	if err := p.kv.Delete(ctx, studentv1.ReceiptKey(p.service, uid)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+func (p *Reporter) Forget(ctx context.Context, uid string) error { return p.forget(ctx, "", uid) }
+
+// ForgetIn is Forget for a Student of cluster, in a hub's bucket.
+func (p *Reporter) ForgetIn(ctx context.Context, cluster, uid string) error {
+	return p.forget(ctx, cluster, uid)
+}
+
+func (p *Reporter) forget(ctx context.Context, cluster, uid string) error {
+	if err := p.kv.Delete(ctx, p.key(cluster, uid)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return err
 	}
 	return nil
