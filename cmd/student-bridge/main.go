@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/rest"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/natsconn"
 )
 
 func main() {
@@ -116,7 +118,7 @@ its environment variable are listed in configs/student-bridge.yaml.`,
 		defer cancel()
 		return bridge.Run(ctx, cfg, restCfg)
 	}
-	cmd.AddCommand(newTailCommand(setupLog, &configFile), newSnapshotCommand(setupLog, &configFile), newReleaseCommand(setupLog, &configFile), newServicesCommand(setupLog, &configFile), newVerifyCommand(setupLog, &configFile))
+	cmd.AddCommand(newTailCommand(setupLog, &configFile), newSnapshotCommand(setupLog, &configFile), newReleaseCommand(setupLog, &configFile), newServicesCommand(setupLog, &configFile), newVerifyCommand(setupLog, &configFile), newHubCommand(setupLog, &configFile))
 	if dev := newDevCommand(setupLog, &configFile); dev != nil {
 		cmd.AddCommand(dev)
 	}
@@ -152,4 +154,11 @@ func restConfig(cfg *config.Config) (*rest.Config, error) {
 		return nil, fmt.Errorf("kubernetes config from --kubeconfig %q --master %q: %w", cfg.Kubeconfig, cfg.Master, err)
 	}
 	return c, nil
+}
+
+// connectOnce connects a command to NATS: one attempt per URL, no
+// reconnecting, so a NATS that is not there is an error at once.
+func connectOnce(cfg *config.Config) (*nats.Conn, error) {
+	cfg.NATS.MaxReconnects = 0
+	return natsconn.Connect(cfg.NATS, ctrl.Log.WithName("nats"))
 }

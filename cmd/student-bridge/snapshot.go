@@ -7,16 +7,15 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	ctrl "sigs.k8s.io/controller-runtime"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
-	"github.com/student-bridge/student-bridge/internal/natsconn"
 )
 
 func newSnapshotCommand(setupLog logSetup, configFile *string) *cobra.Command {
 	var (
 		namespace string
+		cluster   string
 		timeout   time.Duration
 	)
 	cmd := &cobra.Command{
@@ -27,12 +26,17 @@ one io.k8s.example.student.snapshot event per current Student on student.snapsho
 and prints how many it published. A consumer that starts from nothing reads the
 snapshot and then applies the change events that follow it.
 
+From a fleet's hub (docs/fleet.md), --cluster asks that cluster's bridge (on
+<snapshot.requestSubject>.<cluster>); its events reach the hub's stream as
+every other event of the cluster does.
+
 The same request works without this command:
   nats req student-bridge.snapshot '{"namespace":"default"}'`,
 		SilenceUsage: true,
 		Args:         cobra.NoArgs,
 	}
 	cmd.Flags().StringVar(&namespace, "namespace", "", "Only Students of this namespace; default all.")
+	cmd.Flags().StringVar(&cluster, "cluster", "", "From a fleet's hub: the cluster whose bridge publishes the snapshot.")
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "How long to wait for the bridge's answer.")
 	loader := config.NewSnapshotLoader(cmd.Flags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
@@ -44,16 +48,22 @@ The same request works without this command:
 		if cfg.Snapshot.RequestSubject == "" {
 			return errors.New("config key snapshot.requestSubject is empty: snapshot requests are disabled")
 		}
-		cfg.NATS.MaxReconnects = 0
-		nc, err := natsconn.Connect(cfg.NATS, ctrl.Log.WithName("nats"))
+		nc, err := connectOnce(cfg)
 		if err != nil {
 			return err
 		}
 		defer nc.Close()
+		subject := cfg.Snapshot.RequestSubject
+		if cluster != "" {
+			if !studentv1.ValidClusterName(cluster) {
+				return fmt.Errorf("--cluster %q: not a cluster name (letters, digits, '-', '_')", cluster)
+			}
+			subject += "." + cluster
+		}
 		body, _ := json.Marshal(studentv1.SnapshotRequest{Namespace: namespace})
-		msg, err := nc.Request(cfg.Snapshot.RequestSubject, body, timeout)
+		msg, err := nc.Request(subject, body, timeout)
 		if err != nil {
-			return fmt.Errorf("snapshot request on %s (is a bridge with snapshot requests enabled running and leading?): %w", cfg.Snapshot.RequestSubject, err)
+			return fmt.Errorf("snapshot request on %s (is a bridge with snapshot requests enabled running and leading?): %w", subject, err)
 		}
 		var reply studentv1.SnapshotReply
 		if err := json.Unmarshal(msg.Data, &reply); err != nil {
@@ -63,6 +73,9 @@ The same request works without this command:
 			return fmt.Errorf("snapshot %s: published %d, then: %s", reply.Run, reply.Published, reply.Error)
 		}
 		fmt.Fprintf(cmd.OutOrStdout(), "snapshot %s: published %d Students\n", reply.Run, reply.Published)
+		if cluster != "" && reply.Cluster != cluster {
+			return fmt.Errorf("snapshot %s was published by the bridge of cluster %q, not %q", reply.Run, reply.Cluster, cluster)
+		}
 		return nil
 	}
 	return cmd

@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/natsconn"
 	"github.com/student-bridge/student-bridge/internal/tail"
@@ -29,7 +30,8 @@ Every flag can also be set in the config file's tail: section or by environment
 (STUDENT_BRIDGE_TAIL_*), like the bridge's own settings.`,
 		Example: `  student-bridge tail
   student-bridge tail --deliver all --follow=false -o json | jq .data.spec
-  student-bridge tail --deliver last --durable billing`,
+  student-bridge tail --deliver last --durable billing
+  student-bridge tail --nats-url nats://hub:4222 --cluster east   # on a fleet's hub`,
 		SilenceUsage: true,
 		Args:         cobra.NoArgs,
 	}
@@ -50,7 +52,13 @@ Every flag can also be set in the config file's tail: section or by environment
 			JSON:         cfg.Tail.Output == "json",
 			Out:          cmd.OutOrStdout(),
 		}
-		if len(o.Subjects) == 0 {
+		switch {
+		case cfg.Tail.Cluster != "":
+			if o.Stream == studentv1.DefaultStream {
+				o.Stream = studentv1.FleetStream
+			}
+			o.Subjects = []string{studentv1.FleetSubjects(cfg.NATS.SubjectPrefix, cfg.Tail.Cluster)}
+		case len(o.Subjects) == 0:
 			o.Subjects = []string{cfg.NATS.SubjectPrefix + ".>"}
 		}
 		if cfg.Tail.Since != "" {

@@ -8,11 +8,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"k8s.io/apimachinery/pkg/labels"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/student-bridge/student-bridge/internal/config"
-	"github.com/student-bridge/student-bridge/internal/natsconn"
 	"github.com/student-bridge/student-bridge/internal/scheme"
 	"github.com/student-bridge/student-bridge/internal/verify"
 )
@@ -82,8 +80,7 @@ on students.example.k8s.io.`,
 		if err != nil {
 			return exitError(exitCannotRead, fmt.Errorf("kubernetes client: %w", err))
 		}
-		cfg.NATS.MaxReconnects = 0
-		nc, err := natsconn.Connect(cfg.NATS, ctrl.Log.WithName("nats"))
+		nc, err := connectOnce(cfg)
 		if err != nil {
 			return exitError(exitCannotRead, err)
 		}

@@ -26,6 +26,10 @@ type Options struct {
 	ReceiptsBucket string
 	// Expected services are listed even without a consumer or receipt.
 	Expected []string
+	// Cluster, on a fleet's hub, is the cluster whose Students are
+	// counted: its record store is read through its JetStream domain, and
+	// only its receipts (keys <cluster>.<service>.<uid>) count.
+	Cluster string
 }
 
 // Row is one service.
@@ -48,11 +52,11 @@ func Report(ctx context.Context, nc *nats.Conn, o Options) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	published, err := loadPublished(ctx, nc, o.RecordsBucket)
+	published, err := loadPublished(ctx, nc, o.RecordsBucket, o.Cluster)
 	if err != nil {
 		return nil, err
 	}
-	receipts, err := loadReceipts(ctx, nc, o.ReceiptsBucket)
+	receipts, err := loadReceipts(ctx, nc, o.ReceiptsBucket, o.Cluster)
 	if err != nil {
 		return nil, err
 	}
@@ -118,9 +122,9 @@ func Print(w io.Writer, rows []Row) error {
 
 // loadPublished reads the record store: the last event id published per
 // Student that exists (deleted ones left out).
-func loadPublished(ctx context.Context, nc *nats.Conn, bucket string) (map[string]string, error) {
+func loadPublished(ctx context.Context, nc *nats.Conn, bucket, domain string) (map[string]string, error) {
 	out := map[string]string{}
-	err := eachKey(ctx, nc, bucket, func(key string, value []byte) {
+	err := eachKey(ctx, nc, natssink.BucketConfig{Name: bucket, Domain: domain}, func(key string, value []byte) {
 		var rec studentv1.StudentRecord
 		if json.Unmarshal(value, &rec) == nil && rec.Published.Type != studentv1.EventTypeDeleted && rec.Published.ID != "" {
 			out[string(rec.UID)] = rec.Published.ID
@@ -129,12 +133,13 @@ func loadPublished(ctx context.Context, nc *nats.Conn, bucket string) (map[strin
 	return out, err
 }
 
-// loadReceipts reads the receipts bucket: service -> uid -> receipt.
-func loadReceipts(ctx context.Context, nc *nats.Conn, bucket string) (map[string]map[string]studentv1.Receipt, error) {
+// loadReceipts reads the receipts bucket: service -> uid -> receipt; with
+// cluster, only the receipts of that cluster's Students.
+func loadReceipts(ctx context.Context, nc *nats.Conn, bucket, cluster string) (map[string]map[string]studentv1.Receipt, error) {
 	out := map[string]map[string]studentv1.Receipt{}
-	err := eachKey(ctx, nc, bucket, func(key string, value []byte) {
+	err := eachKey(ctx, nc, natssink.BucketConfig{Name: bucket}, func(key string, value []byte) {
 		rec, err := studentv1.ParseReceipt(key, value)
-		if err != nil {
+		if err != nil || (cluster != "" && rec.Cluster != cluster) {
 			return
 		}
 		if out[rec.Service] == nil {
@@ -146,14 +151,14 @@ func loadReceipts(ctx context.Context, nc *nats.Conn, bucket string) (map[string
 }
 
 // eachKey calls fn with every key of bucket and its value.
-func eachKey(ctx context.Context, nc *nats.Conn, bucket string, fn func(key string, value []byte)) error {
-	kv, err := natssink.EnsureBucket(ctx, nc, natssink.BucketConfig{Name: bucket}, false)
+func eachKey(ctx context.Context, nc *nats.Conn, bucket natssink.BucketConfig, fn func(key string, value []byte)) error {
+	kv, err := natssink.EnsureBucket(ctx, nc, bucket, false)
 	if err != nil {
 		return err
 	}
 	recs, err := kv.Load(ctx)
 	if err != nil {
-		return fmt.Errorf("read bucket %s: %w", bucket, err)
+		return fmt.Errorf("read bucket %s: %w", bucket.Name, err)
 	}
 	for _, r := range recs {
 		fn(r.Key, r.Value)
