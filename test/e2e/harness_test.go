@@ -36,6 +36,9 @@ type world struct {
 	nc     *nats.Conn
 	admin  string // kubeconfig path of an admin user
 	stream string
+	// cluster is the bridge's cluster setting ("default" unless a test of
+	// many clusters names it).
+	cluster string
 
 	// repeatsAllowed lets verify's findings of an event numbered as the
 	// one before it pass: the documented exception of a replica killed
@@ -76,7 +79,7 @@ func newWorldWith(t *testing.T, opts stack.Options) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	w := &world{st: st, nc: nc, stream: "STUDENTS", states: map[types.UID]map[string]bool{}, deleted: map[types.UID]string{}, latest: map[types.UID]string{}}
+	w := &world{st: st, nc: nc, stream: "STUDENTS", cluster: "default", states: map[types.UID]map[string]bool{}, deleted: map[types.UID]string{}, latest: map[types.UID]string{}}
 	w.admin = w.kubeconfig(t, envtest.User{Name: "admin", Groups: []string{"system:masters"}})
 	return w
 }
@@ -255,7 +258,7 @@ func repeatedNumber(f verify.Finding) bool {
 
 func (w *world) verify(ns string) (report, error) {
 	ctx := context.Background()
-	src := verify.Source{NATS: w.nc, Stream: w.stream, Bucket: "STUDENT_BRIDGE_PUBLISHED", Kube: w.st.Client, Namespaces: []string{ns}, Cluster: "default"}
+	src := verify.Source{NATS: w.nc, Stream: w.stream, Bucket: "STUDENT_BRIDGE_PUBLISHED", Kube: w.st.Client, Namespaces: []string{ns}, Cluster: w.cluster}
 	checked, err := verify.Verify(ctx, src, verify.Options{Strict: true})
 	if err != nil {
 		return report{}, err
