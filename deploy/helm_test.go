@@ -127,7 +127,8 @@ dashboard:
 verify:
   schedule: "*/30 * * * *"
 `)
-	for name, args := range map[string][]string{"default values": nil, "non-default values": {"-f", nonDefault}} {
+	fleetValues := filepath.Join(stack.RepoRoot(), "deploy", "helm", "fleet", "bridge-values.yaml")
+	for name, args := range map[string][]string{"default values": nil, "non-default values": {"-f", nonDefault}, "a fleet's cluster": {"-f", fleetValues}} {
 		if out, err := helm(t, "", append([]string{"lint", "--strict", chartDir}, args...)...); err != nil {
 			t.Errorf("helm lint --strict with %s: %v\n%s", name, err, out)
 		}

@@ -62,6 +62,12 @@ func startShippedNATS(t *testing.T, bridgePassword, consumerPassword string) str
 // startNATS runs a parsed server configuration as a single embedded server.
 func startNATS(t *testing.T, opts *natsserver.Options) string {
 	t.Helper()
+	return startServer(t, opts).ClientURL()
+}
+
+// startServer is startNATS, returning the server.
+func startServer(t *testing.T, opts *natsserver.Options) *natsserver.Server {
+	t.Helper()
 	// Only what a pod provides differs here: the volume and the ports.
 	opts.StoreDir = t.TempDir()
 	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
@@ -75,7 +81,7 @@ func startNATS(t *testing.T, opts *natsserver.Options) string {
 		t.Fatal("server not ready")
 	}
 	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	return srv.ClientURL()
+	return srv
 }
 
 // permissionErrors connects as user and collects the asynchronous
@@ -131,33 +137,8 @@ func TestShippedNATSConfig(t *testing.T) {
 func checkBridgeAndConsumer(t *testing.T, url string) {
 	ctx := context.Background()
 
-	// The bridge, configured as the Deployment configures it: user bridge,
-	// password from a mounted file.
-	secretDir := t.TempDir()
-	pwFile := filepath.Join(secretDir, "bridge-password")
-	if err := os.WriteFile(pwFile, []byte("bridge-secret\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	ns := stacktest.Namespace(t, st.Client, "nats-config-check")
-	cfg, err := config.New(nil).Load("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.NATS.URLs = url
-	cfg.NATS.Auth.User = "bridge"
-	cfg.NATS.Auth.PasswordFile = pwFile
-	cfg.Namespaces = []string{ns}
-	cfg.LeaderElection.Enabled = false
-	cfg.MetricsAddr, cfg.HealthAddr = "0", "0"
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- bridge.Run(runCtx, cfg, st.RestConfig) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("bridge: %v", err)
-		}
-	}()
+	cfg := runBridgeAs(t, url, ns, nil)
 
 	stu := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "object-name"}, Spec: studentv1.StudentSpec{Name: "wang", School: "china"}}
 	if err := st.Client.Create(ctx, stu); err != nil {
@@ -289,6 +270,40 @@ func checkBridgeAndConsumer(t *testing.T, url string) {
 	}
 }
 
+// runBridgeAs runs the bridge for the Students of ns until the test ends,
+// configured as the Deployment configures it (user bridge, password from a
+// mounted file) and then by adjust, if set.
+func runBridgeAs(t *testing.T, url, ns string, adjust func(*config.Config)) *config.Config {
+	t.Helper()
+	pwFile := filepath.Join(t.TempDir(), "bridge-password")
+	if err := os.WriteFile(pwFile, []byte("bridge-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.New(nil).Load("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.NATS.URLs = url
+	cfg.NATS.Auth.User = "bridge"
+	cfg.NATS.Auth.PasswordFile = pwFile
+	cfg.Namespaces = []string{ns}
+	cfg.LeaderElection.Enabled = false
+	cfg.MetricsAddr, cfg.HealthAddr = "0", "0"
+	if adjust != nil {
+		adjust(cfg)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- bridge.Run(ctx, cfg, st.RestConfig) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("bridge: %v", err)
+		}
+	})
+	return cfg
+}
+
 // bridgeBucket opens a bucket of the bridge (once it exists) as the
 // bridge's own user.
 func bridgeBucket(t *testing.T, url, bucket string) jetstream.KeyValue {
@@ -312,44 +327,73 @@ func bridgeBucket(t *testing.T, url, bucket string) jetstream.KeyValue {
 	return kv
 }
 
-// natsChartConfig renders the merge block of deploy/helm/nats-values.yaml
-// into a nats.conf as the official NATS chart does (nats.formatConfig: the
-// block as JSON, "<< x >>" strings written raw), parses it with
-// nats-server's own loader and starts it with JetStream.
-func natsChartConfig(t *testing.T, bridgePassword, consumerPassword string) *natsserver.Options {
+// chartValues is what the tests read of values for the official NATS
+// chart.
+type chartValues struct {
+	Config struct {
+		Merge     map[string]any `json:"merge"`
+		JetStream struct {
+			Enabled bool           `json:"enabled"`
+			Merge   map[string]any `json:"merge"`
+		} `json:"jetstream"`
+		Cluster struct {
+			Enabled  bool `json:"enabled"`
+			Replicas int  `json:"replicas"`
+		} `json:"cluster"`
+		Leafnodes struct {
+			Enabled bool `json:"enabled"`
+			Port    int  `json:"port"`
+		} `json:"leafnodes"`
+	} `json:"config"`
+	Container struct {
+		Env map[string]corev1.EnvVar `json:"env"`
+	} `json:"container"`
+}
+
+// readChartValues reads values files under deploy/helm, each over the
+// ones before as helm install -f merges them (maps deeply, the rest
+// replaced).
+func readChartValues(t *testing.T, files ...string) chartValues {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(stack.RepoRoot(), "deploy", "helm", "nats-values.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var values struct {
-		Config struct {
-			Merge     map[string]any `json:"merge"`
-			JetStream struct {
-				Enabled bool           `json:"enabled"`
-				Merge   map[string]any `json:"merge"`
-			} `json:"jetstream"`
-			Cluster struct {
-				Enabled  bool `json:"enabled"`
-				Replicas int  `json:"replicas"`
-			} `json:"cluster"`
-		} `json:"config"`
-		Container struct {
-			Env map[string]corev1.EnvVar `json:"env"`
-		} `json:"container"`
-	}
-	if err := yaml.Unmarshal(b, &values); err != nil {
-		t.Fatal(err)
-	}
-	if !values.Config.JetStream.Enabled || !values.Config.Cluster.Enabled || values.Config.Cluster.Replicas != 3 {
-		t.Errorf("nats-values.yaml: want a 3-node JetStream cluster, got %+v", values.Config)
-	}
-	for env, key := range map[string]string{"BRIDGE_PASSWORD": "bridge-password", "CONSUMER_PASSWORD": "consumer-password", "ROSTER_PASSWORD": "roster-password"} {
-		ref := values.Container.Env[env].ValueFrom
-		if ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != "student-bridge-nats" || ref.SecretKeyRef.Key != key {
-			t.Errorf("nats-values.yaml: container.env.%s does not come from Secret student-bridge-nats key %s", env, key)
+	merged := map[string]any{}
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join(stack.RepoRoot(), "deploy", "helm", f))
+		if err != nil {
+			t.Fatal(err)
 		}
+		var m map[string]any
+		if err := yaml.Unmarshal(b, &m); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		mergeValues(merged, m)
 	}
+	b, _ := json.Marshal(merged)
+	var v chartValues
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func mergeValues(dst, src map[string]any) {
+	for k, v := range src {
+		if sm, ok := v.(map[string]any); ok {
+			if dm, ok := dst[k].(map[string]any); ok {
+				mergeValues(dm, sm)
+				continue
+			}
+		}
+		dst[k] = v
+	}
+}
+
+// parseChartConfig renders the merge blocks of values into a nats.conf as
+// the official NATS chart does (nats.formatConfig: the block as JSON,
+// "<< x >>" strings written raw) and parses it with nats-server's own
+// loader, with env set; the leaf node listener the chart adds
+// (config.leafnodes) listens on a free port.
+func parseChartConfig(t *testing.T, values chartValues, env map[string]string) *natsserver.Options {
+	t.Helper()
 	// toPrettyRawJson: indented, '<', '>' and '&' not escaped.
 	var js bytes.Buffer
 	enc := json.NewEncoder(&js)
@@ -368,18 +412,46 @@ func natsChartConfig(t *testing.T, bridgePassword, consumerPassword string) *nat
 	if err := os.WriteFile(file, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("BRIDGE_PASSWORD", bridgePassword)
-	t.Setenv("CONSUMER_PASSWORD", consumerPassword)
-	t.Setenv("ROSTER_PASSWORD", "roster-secret")
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
 	opts, err := natsserver.ProcessConfigFile(file)
 	if err != nil {
-		t.Fatalf("the merge block of nats-values.yaml does not parse:\n%s\n%v", conf, err)
+		t.Fatalf("the merge blocks do not parse:\n%s\n%v", conf, err)
 	}
 	if !opts.SyncAlways {
-		t.Errorf("nats-values.yaml: JetStream acknowledges before it syncs to disk (sync_interval %s); want config.jetstream.merge.sync_interval: always", opts.SyncInterval)
+		t.Errorf("JetStream acknowledges before it syncs to disk (sync_interval %s); want config.jetstream.merge.sync_interval: always", opts.SyncInterval)
+	}
+	if values.Config.Leafnodes.Enabled {
+		opts.LeafNode.Host, opts.LeafNode.Port, opts.LeafNode.NoAdvertise = "127.0.0.1", -1, true
 	}
 	opts.JetStream = true
 	return opts
+}
+
+// natsChartConfig parses deploy/helm/nats-values.yaml (parseChartConfig)
+// and checks it is a 3-node JetStream cluster whose passwords come from
+// the bridge's Secret.
+func natsChartConfig(t *testing.T, bridgePassword, consumerPassword string) *natsserver.Options {
+	t.Helper()
+	values := readChartValues(t, "nats-values.yaml")
+	if !values.Config.JetStream.Enabled || !values.Config.Cluster.Enabled || values.Config.Cluster.Replicas != 3 {
+		t.Errorf("nats-values.yaml: want a 3-node JetStream cluster, got %+v", values.Config)
+	}
+	checkSecretEnv(t, "nats-values.yaml", values, "student-bridge-nats", map[string]string{"BRIDGE_PASSWORD": "bridge-password", "CONSUMER_PASSWORD": "consumer-password", "ROSTER_PASSWORD": "roster-password"})
+	return parseChartConfig(t, values, map[string]string{"BRIDGE_PASSWORD": bridgePassword, "CONSUMER_PASSWORD": consumerPassword, "ROSTER_PASSWORD": "roster-secret"})
+}
+
+// checkSecretEnv checks that each variable of want comes from its key of
+// Secret secret.
+func checkSecretEnv(t *testing.T, file string, values chartValues, secret string, want map[string]string) {
+	t.Helper()
+	for env, key := range want {
+		ref := values.Container.Env[env].ValueFrom
+		if ref == nil || ref.SecretKeyRef == nil || ref.SecretKeyRef.Name != secret || ref.SecretKeyRef.Key != key {
+			t.Errorf("%s: container.env.%s does not come from Secret %s key %s", file, env, secret, key)
+		}
+	}
 }
 
 // TestNATSChartValues: the users deploy/helm/nats-values.yaml gives the
