@@ -74,7 +74,8 @@ func (m *Mirror) receive(ctx context.Context, d delivery) {
 	des := d.ev.desired(d.seq)
 	m.track(des)
 	m.enqueue(des, d.ev, d.seq, false)
-	if k := m.key(des.Cluster, des.UID); m.pending[k] != nil && !m.pending[k].waiting && m.pending[k].attempts == 0 {
+	k := m.key(des.Cluster, des.UID)
+	if p := m.pending[k]; p != nil && !p.waiting && p.attempts == 0 {
 		m.handle(ctx, k)
 	}
 	m.ack()
