@@ -19,6 +19,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/natsconn"
@@ -161,4 +162,12 @@ func restConfig(cfg *config.Config) (*rest.Config, error) {
 func connectOnce(cfg *config.Config) (*nats.Conn, error) {
 	cfg.NATS.MaxReconnects = 0
 	return natsconn.Connect(cfg.NATS, ctrl.Log.WithName("nats"))
+}
+
+// checkClusterFlag refuses a --cluster value that cannot name a cluster.
+func checkClusterFlag(cluster string) error {
+	if !studentv1.ValidClusterName(cluster) {
+		return fmt.Errorf("--cluster %q: not a cluster name (letters, digits, '-', '_')", cluster)
+	}
+	return nil
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -57,8 +56,8 @@ STUDENTS_FLEET unless receipts.bucket and nats.stream.name say otherwise).`,
 		o := services.Options{Stream: cfg.NATS.Stream.Name, RecordsBucket: cfg.State.Bucket,
 			ReceiptsBucket: cfg.Receipts.Bucket, Expected: cfg.Services.Expected, Cluster: cluster}
 		if cluster != "" {
-			if !studentv1.ValidClusterName(cluster) {
-				return fmt.Errorf("--cluster %q: not a cluster name (letters, digits, '-', '_')", cluster)
+			if err := checkClusterFlag(cluster); err != nil {
+				return err
 			}
 			if o.Stream == studentv1.DefaultStream {
 				o.Stream = studentv1.FleetStream

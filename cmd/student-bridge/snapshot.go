@@ -55,8 +55,8 @@ The same request works without this command:
 		defer nc.Close()
 		subject := cfg.Snapshot.RequestSubject
 		if cluster != "" {
-			if !studentv1.ValidClusterName(cluster) {
-				return fmt.Errorf("--cluster %q: not a cluster name (letters, digits, '-', '_')", cluster)
+			if err := checkClusterFlag(cluster); err != nil {
+				return err
 			}
 			subject += "." + cluster
 		}

@@ -62,20 +62,7 @@ func TestFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(hnc.Close)
-	m, err := consumer.NewMirror(hnc, consumer.MirrorOptions{Service: "billing", Fleet: true,
-		Handler: func(context.Context, consumer.Change) error { return nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	mirrorDone := make(chan error, 1)
-	go func() { mirrorDone <- m.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-mirrorDone; err != nil {
-			t.Errorf("mirror: %v", err)
-		}
-	})
+	m := runMirror(t, hnc, consumer.MirrorOptions{Service: "billing"})
 
 	const ns = "fleet"
 	both := func(prefix string, n int) {
@@ -185,19 +172,29 @@ func TestFleet(t *testing.T) {
 	if err := fs.Purge(context.Background(), jetstream.WithPurgeKeep(1)); err != nil {
 		t.Fatal(err)
 	}
-	late, err := consumer.NewMirror(hnc, consumer.MirrorOptions{Service: "ledger", Fleet: true, SnapshotTimeout: 30 * time.Second,
-		Handler: func(context.Context, consumer.Change) error { return nil }})
+	checkMirror(t, runMirror(t, hnc, consumer.MirrorOptions{Service: "ledger", SnapshotTimeout: 30 * time.Second}), clusters)
+}
+
+// runMirror runs a Mirror with Fleet on the hub, whose handler applies
+// every change at once, until the test ends.
+func runMirror(t *testing.T, hnc *nats.Conn, o consumer.MirrorOptions) *consumer.Mirror {
+	t.Helper()
+	o.Fleet = true
+	o.Handler = func(context.Context, consumer.Change) error { return nil }
+	m, err := consumer.NewMirror(hnc, o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lateCtx, stopLate := context.WithCancel(context.Background())
-	lateDone := make(chan error, 1)
-	go func() { lateDone <- late.Run(lateCtx) }()
-	checkMirror(t, late, clusters)
-	stopLate()
-	if err := <-lateDone; err != nil {
-		t.Fatalf("the late service's mirror: %v", err)
-	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("mirror of %s: %v", o.Service, err)
+		}
+	})
+	return m
 }
 
 // command runs student-bridge with args and returns its standard output.
