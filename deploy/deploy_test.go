@@ -27,7 +27,7 @@ import (
 
 var (
 	st       *stack.Stack
-	overlays = []string{"default", "bridge-only", "dev"}
+	overlays = []string{"default", "bridge-only", "dev", "fleet-cluster"}
 )
 
 func TestMain(m *testing.M) {

@@ -7,11 +7,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
@@ -54,22 +57,17 @@ func TestFleetChartValues(t *testing.T) {
 	leafValues := readChartValues(t, "nats-values.yaml", "fleet/leaf-values.yaml")
 	checkSecretEnv(t, "fleet/leaf-values.yaml", leafValues, "student-bridge-nats", map[string]string{"HUB_URL": "hub-url"})
 	bridgeValues := readBridgeValues(t)
+	env := map[string]string{"BRIDGE_PASSWORD": "bridge-secret", "CONSUMER_PASSWORD": "consumer-secret",
+		"ROSTER_PASSWORD": "roster-secret", "HUB_URL": fmt.Sprintf("nats-leaf://leaf:leaf-secret@127.0.0.1:%d", leafPort)}
+	// East's NATS is installed with Helm, west's with kustomize
+	// (deploy/fleet-cluster, whose leaf.conf names the same cluster).
+	chartLeaf := parseChartConfig(t, leafValues, env)
+	checkLeaf(t, "leaf-values.yaml", chartLeaf, bridgeValues.Cluster, "STUDENTS")
+	kustomizeLeaf, kustomizeCluster := kustomizeLeafConfig(t, env)
+	checkLeaf(t, "deploy/fleet-cluster", kustomizeLeaf, kustomizeCluster, "")
 	clusters := map[string]string{} // cluster -> its NATS's URL
-	for _, name := range []string{bridgeValues.Cluster, "west"} {
-		opts := parseChartConfig(t, leafValues, map[string]string{"BRIDGE_PASSWORD": "bridge-secret", "CONSUMER_PASSWORD": "consumer-secret",
-			"ROSTER_PASSWORD": "roster-secret", "HUB_URL": fmt.Sprintf("nats-leaf://leaf:leaf-secret@127.0.0.1:%d", leafPort)})
-		if len(opts.LeafNode.Remotes) != 1 || len(opts.LeafNode.Remotes[0].URLs) != 1 {
-			t.Fatalf("leaf-values.yaml: want one remote with one URL, got %+v", opts.LeafNode.Remotes)
-		}
-		remote := opts.LeafNode.Remotes[0]
-		if !slices.Equal(remote.DenyImports, stack.LeafNodeDeny) || !slices.Equal(remote.DenyExports, stack.LeafNodeDeny) || remote.LocalAccount != "STUDENTS" {
-			t.Errorf("leaf-values.yaml: remote of account %q denies imports %v and exports %v, want account STUDENTS and %v both ways",
-				remote.LocalAccount, remote.DenyImports, remote.DenyExports, stack.LeafNodeDeny)
-		}
-		if opts.JetStreamDomain != bridgeValues.Cluster {
-			t.Errorf("leaf-values.yaml: JetStream domain %q, but bridge-values.yaml names the cluster %q", opts.JetStreamDomain, bridgeValues.Cluster)
-		}
-		// Each cluster's copy of the file: its own domain.
+	for name, opts := range map[string]*natsserver.Options{bridgeValues.Cluster: chartLeaf, "west": kustomizeLeaf} {
+		// Each cluster's copy of the files: its own domain.
 		opts.ServerName, opts.JetStreamDomain = name, name
 		opts.LeafNode.ReconnectInterval = 250 * time.Millisecond
 		clusters[name] = startNATS(t, opts)
@@ -156,6 +154,71 @@ func TestFleetChartValues(t *testing.T) {
 	if _, err := nats.Connect(hubURL, nats.UserInfo("leaf", "wrong")); err == nil {
 		t.Error("the hub let a wrong leaf password in")
 	}
+}
+
+// checkLeaf checks a cluster's NATS configuration (from file): a leaf node
+// of the hub in the domain of the cluster's name, with its local account
+// bound to the hub's, carrying none of stack.LeafNodeDeny.
+func checkLeaf(t *testing.T, file string, opts *natsserver.Options, cluster, account string) {
+	t.Helper()
+	if len(opts.LeafNode.Remotes) != 1 || len(opts.LeafNode.Remotes[0].URLs) != 1 {
+		t.Fatalf("%s: want one leaf node remote with one URL, got %+v", file, opts.LeafNode.Remotes)
+	}
+	remote := opts.LeafNode.Remotes[0]
+	if !slices.Equal(remote.DenyImports, stack.LeafNodeDeny) || !slices.Equal(remote.DenyExports, stack.LeafNodeDeny) || remote.LocalAccount != account {
+		t.Errorf("%s: remote of account %q denies imports %v and exports %v, want account %q and %v both ways",
+			file, remote.LocalAccount, remote.DenyImports, remote.DenyExports, account, stack.LeafNodeDeny)
+	}
+	if opts.JetStreamDomain != cluster {
+		t.Errorf("%s: JetStream domain %q, but the bridge names the cluster %q", file, opts.JetStreamDomain, cluster)
+	}
+}
+
+// kustomizeLeafConfig renders deploy/fleet-cluster and parses its NATS
+// configuration (leaf.conf, which includes nats.conf) as the pod would,
+// with env set; it returns it and the cluster its bridge names.
+func kustomizeLeafConfig(t *testing.T, env map[string]string) (*natsserver.Options, string) {
+	t.Helper()
+	dir := t.TempDir()
+	cluster, args := "", []string(nil)
+	for _, o := range render(t, "fleet-cluster") {
+		switch {
+		case o.GetKind() == "ConfigMap" && strings.HasPrefix(o.GetName(), "nats-config"):
+			data, _, _ := unstructured.NestedStringMap(o.Object, "data")
+			for name, text := range data {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case o.GetKind() == "StatefulSet":
+			containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+			args, _, _ = unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
+		case o.GetKind() == "Deployment":
+			containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+			envs, _, _ := unstructured.NestedSlice(containers[0].(map[string]any), "env")
+			for _, e := range envs {
+				if e := e.(map[string]any); e["name"] == "STUDENT_BRIDGE_CLUSTER" {
+					cluster, _ = e["value"].(string)
+				}
+			}
+		}
+	}
+	if len(args) == 0 || args[0] != "--config=/etc/nats/leaf.conf" {
+		t.Fatalf("deploy/fleet-cluster: NATS runs with %v, want --config=/etc/nats/leaf.conf", args)
+	}
+	t.Setenv("POD_NAME", "nats-0")
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	opts, err := natsserver.ProcessConfigFile(filepath.Join(dir, "leaf.conf"))
+	if err != nil {
+		t.Fatalf("deploy/fleet-cluster: leaf.conf does not parse: %v", err)
+	}
+	if !opts.SyncAlways || opts.StoreDir != "/data" || len(opts.Users) != 3 {
+		t.Errorf("deploy/fleet-cluster: leaf.conf lost nats.conf's settings: sync always %v, store %s, %d users", opts.SyncAlways, opts.StoreDir, len(opts.Users))
+	}
+	opts.JetStream = true
+	return opts, cluster
 }
 
 // readBridgeValues reads the bridge's configuration in
