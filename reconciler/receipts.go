@@ -19,7 +19,7 @@ import (
 
 var receiptUpdates = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "student_bridge_receipts_total",
-	Help: "Updates of the receipts bucket the bridge read, by result (applied, failed, removed, malformed, unknownStudent).",
+	Help: "Updates of the receipts bucket the bridge read, by result (applied, failed, removed, malformed, unknownStudent, otherCluster: a fleet's other cluster).",
 }, []string{"result"})
 
 func init() {
