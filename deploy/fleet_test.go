@@ -13,10 +13,11 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	studentconsumer "github.com/student-bridge/student-bridge/consumer"
@@ -56,15 +57,19 @@ func TestFleetChartValues(t *testing.T) {
 
 	leafValues := readChartValues(t, "nats-values.yaml", "fleet/leaf-values.yaml")
 	checkSecretEnv(t, "fleet/leaf-values.yaml", leafValues, "student-bridge-nats", map[string]string{"HUB_URL": "hub-url"})
-	bridgeValues := readBridgeValues(t)
+	bridgeValues := podConfig(t, t.TempDir(), helmTemplate(t, "student-bridge-system", "-f", filepath.Join(stack.RepoRoot(), "deploy", "helm", "fleet", "bridge-values.yaml")))
+	checkFleetBridge(t, "the chart with fleet/bridge-values.yaml", bridgeValues)
 	env := map[string]string{"BRIDGE_PASSWORD": "bridge-secret", "CONSUMER_PASSWORD": "consumer-secret",
 		"ROSTER_PASSWORD": "roster-secret", "HUB_URL": fmt.Sprintf("nats-leaf://leaf:leaf-secret@127.0.0.1:%d", leafPort)}
 	// East's NATS is installed with Helm, west's with kustomize
 	// (deploy/fleet-cluster, whose leaf.conf names the same cluster).
 	chartLeaf := parseChartConfig(t, leafValues, env)
 	checkLeaf(t, "leaf-values.yaml", chartLeaf, bridgeValues.Cluster, "STUDENTS")
-	kustomizeLeaf, kustomizeCluster := kustomizeLeafConfig(t, env)
-	checkLeaf(t, "deploy/fleet-cluster", kustomizeLeaf, kustomizeCluster, "")
+	overlay := render(t, "fleet-cluster")
+	kustomizeBridge := podConfig(t, t.TempDir(), overlay)
+	checkFleetBridge(t, "deploy/fleet-cluster", kustomizeBridge)
+	kustomizeLeaf := kustomizeLeafConfig(t, overlay, env)
+	checkLeaf(t, "deploy/fleet-cluster", kustomizeLeaf, kustomizeBridge.Cluster, "")
 	clusters := map[string]string{} // cluster -> its NATS's URL
 	for name, opts := range map[string]*natsserver.Options{bridgeValues.Cluster: chartLeaf, "west": kustomizeLeaf} {
 		// Each cluster's copy of the files: its own domain.
@@ -174,36 +179,24 @@ func checkLeaf(t *testing.T, file string, opts *natsserver.Options, cluster, acc
 	}
 }
 
-// kustomizeLeafConfig renders deploy/fleet-cluster and parses its NATS
-// configuration (leaf.conf, which includes nats.conf) as the pod would,
-// with env set; it returns it and the cluster its bridge names.
-func kustomizeLeafConfig(t *testing.T, env map[string]string) (*natsserver.Options, string) {
+// kustomizeLeafConfig parses the NATS configuration of the rendered
+// deploy/fleet-cluster (leaf.conf, which includes nats.conf) as its pod
+// would, with env set.
+func kustomizeLeafConfig(t *testing.T, objs []*unstructured.Unstructured, env map[string]string) *natsserver.Options {
 	t.Helper()
 	dir := t.TempDir()
-	cluster, args := "", []string(nil)
-	for _, o := range render(t, "fleet-cluster") {
-		switch {
-		case o.GetKind() == "ConfigMap" && strings.HasPrefix(o.GetName(), "nats-config"):
-			data, _, _ := unstructured.NestedStringMap(o.Object, "data")
-			for name, text := range data {
-				if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
-					t.Fatal(err)
-				}
-			}
-		case o.GetKind() == "StatefulSet":
-			containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
-			args, _, _ = unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
-		case o.GetKind() == "Deployment":
-			containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
-			envs, _, _ := unstructured.NestedSlice(containers[0].(map[string]any), "env")
-			for _, e := range envs {
-				if e := e.(map[string]any); e["name"] == "STUDENT_BRIDGE_CLUSTER" {
-					cluster, _ = e["value"].(string)
-				}
+	for _, o := range objs {
+		if o.GetKind() != "ConfigMap" || !strings.HasPrefix(o.GetName(), "nats-config") {
+			continue // the name ends in the content's hash
+		}
+		for name, text := range convert[corev1.ConfigMap](t, o).Data {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o600); err != nil {
+				t.Fatal(err)
 			}
 		}
 	}
-	if len(args) == 0 || args[0] != "--config=/etc/nats/leaf.conf" {
+	nats := convert[appsv1.StatefulSet](t, find(t, objs, "StatefulSet", "nats"))
+	if args := nats.Spec.Template.Spec.Containers[0].Args; len(args) == 0 || args[0] != "--config=/etc/nats/leaf.conf" {
 		t.Fatalf("deploy/fleet-cluster: NATS runs with %v, want --config=/etc/nats/leaf.conf", args)
 	}
 	t.Setenv("POD_NAME", "nats-0")
@@ -218,34 +211,14 @@ func kustomizeLeafConfig(t *testing.T, env map[string]string) (*natsserver.Optio
 		t.Errorf("deploy/fleet-cluster: leaf.conf lost nats.conf's settings: sync always %v, store %s, %d users", opts.SyncAlways, opts.StoreDir, len(opts.Users))
 	}
 	opts.JetStream = true
-	return opts, cluster
+	return opts
 }
 
-// readBridgeValues reads the bridge's configuration in
-// deploy/helm/fleet/bridge-values.yaml, checked as the chart checks it.
-func readBridgeValues(t *testing.T) *config.Config {
+// checkFleetBridge checks the configuration a rendered bridge pod loads
+// (from): one cluster of a fleet whose hub is in the default domain.
+func checkFleetBridge(t *testing.T, from string, cfg *config.Config) {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(stack.RepoRoot(), "deploy", "helm", "fleet", "bridge-values.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v struct {
-		Config map[string]any `json:"config"`
-	}
-	if err := yaml.Unmarshal(b, &v); err != nil {
-		t.Fatal(err)
-	}
-	b, _ = yaml.Marshal(v.Config)
-	file := filepath.Join(t.TempDir(), "student-bridge.yaml")
-	if err := os.WriteFile(file, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.New(nil).Load(file)
-	if err != nil {
-		t.Fatalf("bridge-values.yaml: %v", err)
-	}
 	if cfg.Fleet.HubDomain != studentv1.DefaultHubDomain || !studentv1.ValidClusterName(cfg.Cluster) {
-		t.Errorf("bridge-values.yaml: cluster %q, fleet.hubDomain %q", cfg.Cluster, cfg.Fleet.HubDomain)
+		t.Errorf("%s: the bridge loads cluster %q, fleet.hubDomain %q", from, cfg.Cluster, cfg.Fleet.HubDomain)
 	}
-	return cfg
 }
