@@ -216,11 +216,7 @@ func seedInStream(nc *nats.Conn, stream string, seed func(context.Context) ([]st
 		s, err := js.Stream(ctx, stream)
 		switch {
 		case err == nil:
-			info, err := s.Info(ctx)
-			if err != nil {
-				return nil, fmt.Errorf("stream %s: %w", stream, err)
-			}
-			last = info.State.LastSeq
+			last = s.CachedInfo().State.LastSeq // the lookup is a STREAM.INFO
 		case !errors.Is(err, jetstream.ErrStreamNotFound):
 			return nil, fmt.Errorf("stream %s: %w", stream, err)
 		}
