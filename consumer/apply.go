@@ -128,7 +128,7 @@ func (m *Mirror) handle(ctx context.Context, key string) {
 	switch {
 	case c.New == nil && old == nil:
 		// Deleted before the service applied it: nothing to undo.
-		_ = m.rep.forget(ctx, cluster, uid)
+		_ = m.rep.ForgetIn(ctx, cluster, uid)
 		m.settle(key, nil)
 		return
 	case c.New != nil && old != nil && (old.EventID == c.New.EventID || sameState(old, c.New)):
@@ -137,7 +137,7 @@ func (m *Mirror) handle(ctx context.Context, key string) {
 		m.settle(key, c.New)
 		return
 	case p.catchUp && p.attempts == 0 && c.New != nil:
-		if id, err := m.rep.applied(ctx, cluster, uid); err == nil && id == c.New.EventID {
+		if id, err := m.rep.AppliedIn(ctx, cluster, uid); err == nil && id == c.New.EventID {
 			m.settle(key, c.New) // applied and reported before a restart
 			return
 		}
@@ -151,7 +151,7 @@ func (m *Mirror) handle(ctx context.Context, key string) {
 	endApply(span, err)
 	if err == nil {
 		if c.New == nil {
-			err = m.rep.forget(ctx, cluster, uid)
+			err = m.rep.ForgetIn(ctx, cluster, uid)
 		} else {
 			err = m.rep.Report(ctx, receipt(c, cluster, studentv1.ResultApplied, "", traceID))
 		}

@@ -74,15 +74,12 @@ func (p *Reporter) Report(ctx context.Context, r studentv1.Receipt) error {
 // Applied returns the event id of the service's receipt for uid if it
 // reports that event applied, "" otherwise.
 func (p *Reporter) Applied(ctx context.Context, uid string) (string, error) {
-	return p.applied(ctx, "", uid)
+	return p.AppliedIn(ctx, "", uid)
 }
 
-// AppliedIn is Applied for a Student of cluster, in a hub's bucket.
+// AppliedIn is Applied for a Student of cluster, in a hub's bucket (with
+// cluster empty, Applied).
 func (p *Reporter) AppliedIn(ctx context.Context, cluster, uid string) (string, error) {
-	return p.applied(ctx, cluster, uid)
-}
-
-func (p *Reporter) applied(ctx context.Context, cluster, uid string) (string, error) {
 	e, err := p.kv.Get(ctx, p.key(cluster, uid))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return "", nil
@@ -98,14 +95,11 @@ func (p *Reporter) applied(ctx context.Context, cluster, uid string) (string, er
 }
 
 // Forget removes the service's receipt for uid (its Student is deleted).
-func (p *Reporter) Forget(ctx context.Context, uid string) error { return p.forget(ctx, "", uid) }
+func (p *Reporter) Forget(ctx context.Context, uid string) error { return p.ForgetIn(ctx, "", uid) }
 
-// ForgetIn is Forget for a Student of cluster, in a hub's bucket.
+// ForgetIn is Forget for a Student of cluster, in a hub's bucket (with
+// cluster empty, Forget).
 func (p *Reporter) ForgetIn(ctx context.Context, cluster, uid string) error {
-	return p.forget(ctx, cluster, uid)
-}
-
-func (p *Reporter) forget(ctx context.Context, cluster, uid string) error {
 	if err := p.kv.Delete(ctx, p.key(cluster, uid)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return err
 	}
