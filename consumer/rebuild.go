@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -66,9 +65,7 @@ func fleetSource(src *jetstream.StreamSource) (cluster string, ok bool) {
 	if src.External == nil {
 		return "", false
 	}
-	rest, ok := strings.CutPrefix(src.External.APIPrefix, "$JS.")
-	cluster, ok2 := strings.CutSuffix(rest, ".API")
-	return cluster, ok && ok2 && cluster != ""
+	return studentv1.DomainOfAPI(src.External.APIPrefix)
 }
 
 // rebuildConsumer names the consumer a service's Mirror reads the stream

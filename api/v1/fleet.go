@@ -29,6 +29,19 @@ func FleetReceiptKey(cluster, service, uid string) string {
 // bridge publishing under prefix: prefix.cluster.>.
 func FleetSubjects(prefix, cluster string) string { return prefix + "." + cluster + ".>" }
 
+// DomainAPI is the JetStream API prefix of a domain ($JS.<domain>.API):
+// how the hub's stream sources a cluster's, and a cluster's receipts
+// bucket the hub's.
+func DomainAPI(domain string) string { return "$JS." + domain + ".API" }
+
+// DomainOfAPI returns the domain a JetStream API prefix names, or false
+// when it is not DomainAPI's.
+func DomainOfAPI(prefix string) (string, bool) {
+	rest, ok := strings.CutPrefix(prefix, "$JS.")
+	domain, ok2 := strings.CutSuffix(rest, ".API")
+	return domain, ok && ok2 && domain != ""
+}
+
 // ValidClusterName reports whether name can name a cluster of a fleet: a
 // JetStream domain, a subject token and a key token (letters, digits, '-'
 // and '_', up to 63).

@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -52,7 +51,7 @@ func (h Hub) Source(cluster string) *jetstream.StreamSource {
 	h.defaults()
 	return &jetstream.StreamSource{
 		Name:     h.SourceStream,
-		External: &jetstream.ExternalStream{APIPrefix: "$JS." + cluster + ".API"},
+		External: &jetstream.ExternalStream{APIPrefix: studentv1.DomainAPI(cluster)},
 		SubjectTransforms: []jetstream.SubjectTransformConfig{{
 			Source: h.SubjectPrefix + ".>", Destination: studentv1.FleetSubjects(h.SubjectPrefix, cluster),
 		}},
@@ -90,7 +89,7 @@ func EnsureHub(ctx context.Context, nc *nats.Conn, h Hub) (added []string, err e
 	}
 	for _, c := range h.Clusters {
 		src := h.Source(c)
-		if !slices.ContainsFunc(cfg.Sources, func(s *jetstream.StreamSource) bool { return natssink.SameSource(s, src) }) {
+		if !natssink.HasSource(cfg.Sources, src) {
 			cfg.Sources = append(cfg.Sources, src)
 			added = append(added, c)
 		}
@@ -121,7 +120,7 @@ func EnsureHub(ctx context.Context, nc *nats.Conn, h Hub) (added []string, err e
 func ReceiptsSource(hubDomain, hubBucket, cluster, local string) *jetstream.StreamSource {
 	return &jetstream.StreamSource{
 		Name:     "KV_" + hubBucket,
-		External: &jetstream.ExternalStream{APIPrefix: "$JS." + hubDomain + ".API"},
+		External: &jetstream.ExternalStream{APIPrefix: studentv1.DomainAPI(hubDomain)},
 		SubjectTransforms: []jetstream.SubjectTransformConfig{{
 			Source: "$KV." + hubBucket + "." + cluster + ".>", Destination: "$KV." + local + ".>",
 		}},

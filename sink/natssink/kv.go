@@ -123,10 +123,8 @@ func addSource(ctx context.Context, js jetstream.JetStream, stream string, src *
 		return fmt.Errorf("look up stream %s: %w", stream, err)
 	}
 	cfg := st.CachedInfo().Config
-	for _, s := range cfg.Sources {
-		if SameSource(s, src) {
-			return nil
-		}
+	if HasSource(cfg.Sources, src) {
+		return nil
 	}
 	cfg.Sources = append(cfg.Sources, src)
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
@@ -135,17 +133,19 @@ func addSource(ctx context.Context, js jetstream.JetStream, stream string, src *
 	return nil
 }
 
-// SameSource reports whether a and b source the same stream of the same
-// domain with the same subject transforms.
-func SameSource(a, b *jetstream.StreamSource) bool {
+// HasSource reports whether sources has one of the same stream of the
+// same domain as src, with the same filter and subject transforms.
+func HasSource(sources []*jetstream.StreamSource, src *jetstream.StreamSource) bool {
 	api := func(s *jetstream.StreamSource) string {
 		if s.External == nil {
 			return ""
 		}
 		return s.External.APIPrefix
 	}
-	return a.Name == b.Name && api(a) == api(b) && a.FilterSubject == b.FilterSubject &&
-		slices.Equal(a.SubjectTransforms, b.SubjectTransforms)
+	return slices.ContainsFunc(sources, func(s *jetstream.StreamSource) bool {
+		return s.Name == src.Name && api(s) == api(src) && s.FilterSubject == src.FilterSubject &&
+			slices.Equal(s.SubjectTransforms, src.SubjectTransforms)
+	})
 }
 
 // PurgeDeleteMarkers removes the delete markers older than a minute that
