@@ -14,9 +14,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
-	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	corev1 "k8s.io/api/core/v1"
@@ -276,7 +274,7 @@ func TestAlertsFireOnPrometheus(t *testing.T) {
 	metricsPort := freePort(t)
 	cfg.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", metricsPort)
 	bridgetest.Run(t, cfg, st.RestConfig)
-	nc := natsConnTo(t, nats.URL())
+	nc := stacktest.Connect(t, nats.URL())
 
 	// The shipped rules, each "for" 2s so the test need not wait minutes.
 	dir := t.TempDir()
@@ -396,16 +394,6 @@ scrape_configs:
 		return err
 	})
 	want("NATS and the bucket back", map[string]bool{"StudentBridgeRecordsUnsaved": false, "StudentBridgeNATSDisconnected": false})
-}
-
-func natsConnTo(t *testing.T, url string) *natsgo.Conn {
-	t.Helper()
-	nc, err := natsgo.Connect(url, natsgo.MaxReconnects(-1), natsgo.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
 }
 
 func mustWriteFile(t *testing.T, path, content string) {

@@ -54,12 +54,7 @@ func startBridge(t *testing.T, cfg *config.Config) (stop func()) {
 
 func natsConn(t *testing.T) *nats.Conn {
 	t.Helper()
-	nc, err := nats.Connect(st.NATS.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return stacktest.Connect(t, st.NATS.URL())
 }
 
 func newStudent(ns, name, student, school string) *studentv1.Student {

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
@@ -49,7 +48,7 @@ func startFleet(t *testing.T, names ...string) (*stack.Hub, map[string]*cluster)
 		if err := stack.WaitLinked(n.URL(), 30*time.Second); err != nil {
 			t.Fatal(err)
 		}
-		nc := connect(t, n.URL())
+		nc := stacktest.Connect(t, n.URL())
 		js, _ := jetstream.New(nc)
 		if _, err := natssink.EnsureStream(ctx, js, natssink.StreamConfig{Name: studentv1.DefaultStream, Subject: studentv1.DefaultSubjects, Storage: "file", Replicas: 1}, true); err != nil {
 			t.Fatal(err)
@@ -65,16 +64,6 @@ func startFleet(t *testing.T, names ...string) (*stack.Hub, map[string]*cluster)
 		out[name] = &cluster{name: name, nats: n, js: js, receipts: kv}
 	}
 	return hub, out
-}
-
-func connect(t *testing.T, url string) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
 }
 
 // TestTopology: each cluster's stream and buckets hold only what was
@@ -103,7 +92,7 @@ func TestTopology(t *testing.T) {
 		}
 	}
 
-	hnc := connect(t, hub.URL())
+	hnc := stacktest.Connect(t, hub.URL())
 	added, err := fleet.EnsureHub(ctx, hnc, fleet.Hub{Clusters: []string{"east", "west"}})
 	if err != nil || !slices.Equal(added, []string{"east", "west"}) {
 		t.Fatalf("EnsureHub added %v, %v", added, err)

@@ -5,10 +5,24 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
+
+// Connect connects to the NATS at url for the rest of the test, and
+// reconnects quickly and forever, as tests restart and cut servers.
+func Connect(t testing.TB, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
 
 // WaitFor fails t unless cond returns nil within a minute, naming what it
 // waited for and cond's last error.

@@ -57,11 +57,7 @@ func TestFleet(t *testing.T) {
 		p.waitOutput(t, `"receipts loaded"`, time.Minute)
 	}
 
-	hnc, err := nats.Connect(hub.URL(), nats.MaxReconnects(-1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(hnc.Close)
+	hnc := stacktest.Connect(t, hub.URL())
 	m := runMirror(t, hnc, consumer.MirrorOptions{Service: "billing"})
 
 	const ns = "fleet"

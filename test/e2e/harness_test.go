@@ -74,11 +74,7 @@ func newWorldWith(t *testing.T, opts stack.Options) *world {
 			t.Error(err)
 		}
 	})
-	nc, err := nats.Connect(st.NATSURL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := stacktest.Connect(t, st.NATSURL())
 	w := &world{st: st, nc: nc, stream: "STUDENTS", cluster: "default", states: map[types.UID]map[string]bool{}, deleted: map[types.UID]string{}, latest: map[types.UID]string{}}
 	w.admin = w.kubeconfig(t, envtest.User{Name: "admin", Groups: []string{"system:masters"}})
 	return w
