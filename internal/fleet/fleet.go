@@ -73,9 +73,9 @@ func EnsureHub(ctx context.Context, nc *nats.Conn, h Hub) (added []string, err e
 	if err != nil {
 		return nil, err
 	}
-	storage := jetstream.FileStorage
-	if h.Storage == "memory" {
-		storage = jetstream.MemoryStorage
+	storage, err := natssink.Storage(h.Storage)
+	if err != nil {
+		return nil, err
 	}
 	cfg := jetstream.StreamConfig{Name: h.Stream, Storage: storage, Replicas: h.Replicas,
 		Description: "Every cluster's Student events, sourced from each cluster's " + h.SourceStream}

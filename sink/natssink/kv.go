@@ -69,9 +69,9 @@ func EnsureBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create b
 	kv, err := js.KeyValue(ctx, cfg.Name)
 	switch {
 	case errors.Is(err, jetstream.ErrBucketNotFound) && create:
-		storage := jetstream.FileStorage
-		if cfg.Storage == "memory" {
-			storage = jetstream.MemoryStorage
+		storage, serr := Storage(cfg.Storage)
+		if serr != nil {
+			return nil, fmt.Errorf("bucket %s %w", cfg.Name, serr)
 		}
 		if cfg.Description == "" {
 			cfg.Description = "What student-bridge published per Student uid"

@@ -83,13 +83,9 @@ func streamConfig(cfg StreamConfig) (jetstream.StreamConfig, error) {
 	if sc.MaxMsgs == 0 {
 		sc.MaxMsgs = -1
 	}
-	switch cfg.Storage {
-	case "file", "":
-		sc.Storage = jetstream.FileStorage
-	case "memory":
-		sc.Storage = jetstream.MemoryStorage
-	default:
-		return sc, fmt.Errorf("stream storage %q: want file or memory", cfg.Storage)
+	var err error
+	if sc.Storage, err = Storage(cfg.Storage); err != nil {
+		return sc, fmt.Errorf("stream %w", err)
 	}
 	switch cfg.Discard {
 	case "old", "":
@@ -123,4 +119,16 @@ func SubjectCovers(filter, sub string) bool {
 		}
 	}
 	return len(f) == len(s)
+}
+
+// Storage is the JetStream storage a configuration names: "file" (or
+// empty) or "memory".
+func Storage(name string) (jetstream.StorageType, error) {
+	switch name {
+	case "file", "":
+		return jetstream.FileStorage, nil
+	case "memory":
+		return jetstream.MemoryStorage, nil
+	}
+	return 0, fmt.Errorf("storage %q: want file or memory", name)
 }
