@@ -66,6 +66,8 @@ type Records struct {
 	once   sync.Once
 	// unsaved are the uids whose latest record the store has not taken.
 	unsaved map[types.UID]struct{}
+	// afterLoad is called once the first Load finished.
+	afterLoad []func()
 }
 
 type entry struct {
@@ -117,8 +119,28 @@ func (r *Records) Load(ctx context.Context, store sink.Store, seed func(context.
 	}
 	recordsGauge.Set(float64(len(r.byUID)))
 	loadDuration.Observe(time.Since(start).Seconds())
-	r.once.Do(func() { close(r.loaded) })
+	r.once.Do(func() {
+		close(r.loaded)
+		for _, f := range r.afterLoad {
+			f()
+		}
+		r.afterLoad = nil
+	})
 	return nil
+}
+
+// whenLoaded calls f once the first Load finished: at once if it has.
+func (r *Records) whenLoaded(f func()) {
+	r.mu.Lock()
+	select {
+	case <-r.loaded:
+		r.mu.Unlock()
+		f()
+		return
+	default:
+	}
+	r.afterLoad = append(r.afterLoad, f)
+	r.mu.Unlock()
 }
 
 // ReloadWhere replaces the records for which in is true with what the
@@ -326,23 +348,34 @@ func (r *Records) Unsaved() int {
 }
 
 // Remove deletes the record of uid from the store and from memory.
+//
+// As in Save, the delete goes out without holding the lock: every
+// reconcile reads the records, and one delete's round trip would hold them
+// all up. The compare-and-set on the revision read here keeps it safe: a
+// write of the same key meanwhile (a flush of unsaved records) makes the
+// delete conflict, and the record is read again.
 func (r *Records) Remove(ctx context.Context, uid types.UID) error {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	e, ok := r.byUID[uid]
 	if !ok {
+		r.mu.Unlock()
 		return nil
 	}
-	if e.revision != 0 {
-		err := r.store.Delete(ctx, string(uid), e.revision)
+	revision := e.revision
+	r.mu.Unlock()
+
+	var err error
+	if revision != 0 {
+		err = r.store.Delete(ctx, string(uid), revision)
 		storeOps.WithLabelValues("delete", opResult(err)).Inc()
-		if errors.Is(err, sink.ErrConflict) {
-			r.rereadLocked(ctx, uid)
-			return fmt.Errorf("delete record %s: %w", uid, err)
-		}
-		if err != nil {
-			return fmt.Errorf("delete record %s: %w", uid, err)
-		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if errors.Is(err, sink.ErrConflict) {
+		r.rereadLocked(ctx, uid)
+	}
+	if err != nil {
+		return fmt.Errorf("delete record %s: %w", uid, err)
 	}
 	r.dropLocked(uid)
 	recordsGauge.Set(float64(len(r.byUID)))

@@ -1,0 +1,84 @@
+package reconciler_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/reconciler"
+	"github.com/student-bridge/student-bridge/sink/sinktest"
+)
+
+// gatedStore holds every Delete until release is closed, telling deleting
+// when one arrives.
+type gatedStore struct {
+	*sinktest.Store
+	deleting chan struct{}
+	release  chan struct{}
+}
+
+func (s *gatedStore) Delete(ctx context.Context, key string, revision uint64) error {
+	s.deleting <- struct{}{}
+	<-s.release
+	return s.Store.Delete(ctx, key, revision)
+}
+
+// TestRemoveHoldsUpNoOtherStudent: while one Student's record is being
+// deleted from the store, the records of the others are read and written:
+// every reconcile reads them, and the bridge must not wait on one delete's
+// round trip.
+func TestRemoveHoldsUpNoOtherStudent(t *testing.T) {
+	ctx := context.Background()
+	store := &gatedStore{Store: &sinktest.Store{}, deleting: make(chan struct{}), release: make(chan struct{})}
+	recs := reconciler.NewRecords()
+	if err := recs.Load(ctx, store, nil); err != nil {
+		t.Fatal(err)
+	}
+	rec := func(uid, typ string) studentv1.StudentRecord {
+		return studentv1.StudentRecord{Namespace: "ns", Name: uid, UID: types.UID(uid), Published: studentv1.PublishedEvent{Type: typ, ID: uid + "-" + typ}}
+	}
+	for _, uid := range []string{"a", "b"} {
+		if err := recs.Save(ctx, rec(uid, studentv1.EventTypeCreated)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	removed := make(chan error, 1)
+	go func() { removed <- recs.Remove(ctx, "a") }()
+	<-store.deleting
+	others := make(chan error, 1)
+	go func() {
+		if _, ok := recs.Get("b"); !ok {
+			others <- errors.New("b's record is gone")
+			return
+		}
+		others <- recs.Save(ctx, rec("b", studentv1.EventTypeUpdated))
+	}()
+	// A bound that only a lock held across the delete reaches.
+	select {
+	case err := <-others:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		close(store.release)
+		t.Fatal("reading and writing b's record waited for a's delete")
+	}
+	close(store.release)
+	if err := <-removed; err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := recs.Get("a"); ok {
+		t.Error("a's record is still held after its removal")
+	}
+	if got, _ := recs.Get("b"); got.Published.Type != studentv1.EventTypeUpdated {
+		t.Errorf("b's record says %q, want %q", got.Published.Type, studentv1.EventTypeUpdated)
+	}
+	if keys := store.Keys(); len(keys) != 1 || keys[0] != "b" {
+		t.Errorf("the store holds %v, want [b]", keys)
+	}
+}
