@@ -23,9 +23,13 @@ var (
 		Help:    "How long each catch-up took, from its first Student queued to its last reconciled.",
 		Buckets: prometheus.ExponentialBuckets(0.1, 2, 14),
 	})
+	publishingSince = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "student_bridge_publishing_start_time_seconds",
+		Help: "When the bridge could first publish, in seconds since the Unix epoch: its records loaded and its workers started (the cache synced). 0 before.",
+	})
 )
 
-func init() { metrics.Registry.MustRegister(catchUpPending, catchUpDuration) }
+func init() { metrics.Registry.MustRegister(catchUpPending, catchUpDuration, publishingSince) }
 
 // catchUp tracks the Students the bridge must look at again because it was
 // away from them: after a start (the watch's initial list, and the records
@@ -113,6 +117,14 @@ func (c *catchUp) Pending() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.pending)
+}
+
+// workersStarted is called when the controller's workers first ask for
+// work: nothing can be published before, nor before the records are
+// loaded. Changes made from then on are the ones a restart can publish
+// at once.
+func (r *StudentReconciler) workersStarted() {
+	r.Records.whenLoaded(publishingSince.SetToCurrentTime)
 }
 
 // HoldCatchUp keeps the start's catch-up open until release is called:

@@ -639,7 +639,10 @@ func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.O
 		// A catch-up waits behind live changes for LowPriorityWait at
 		// most. The start's catch-up is held open until the workers
 		// start: the watch's initial list is all queued then.
-		opts.NewQueue = newAgingQueue(LowPriorityWait, mgr.GetLogger().WithName("queue"), r.caughtUp.hold)
+		opts.NewQueue = newAgingQueue(LowPriorityWait, mgr.GetLogger().WithName("queue"), func() func() {
+			release := r.caughtUp.hold()
+			return func() { release(); r.workersStarted() }
+		})
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).

@@ -15,6 +15,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/reconciler"
 )
 
@@ -118,6 +119,48 @@ func catchUpAfterStart(t *testing.T, start func(), timeout time.Duration, sample
 			t.Fatalf("no catch-up ended within %s; %d Students still queued by it", timeout, int(gauge(t, "student_bridge_catch_up_students")))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPublishingStartsOnceTheRecordsLoad:
+// student_bridge_publishing_start_time_seconds says when a bridge could
+// first publish. Not when its workers start, if they wait for the record
+// store then, but once the records are loaded.
+func TestPublishingStartsOnceTheRecordsLoad(t *testing.T) {
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "pubstart")
+	link, err := stack.NewLink(strings.TrimPrefix(st.NATS.URL(), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(link.Close)
+	link.Cut()
+	cfg.NATS.URLs = "nats://" + link.Addr()
+	if err := st.Client.Create(context.Background(), newStudent(ns, "a", "wang", "china")); err != nil {
+		t.Fatal(err)
+	}
+	const since = "student_bridge_publishing_start_time_seconds"
+	before := gauge(t, since)
+	startBridge(t, cfg)
+
+	// The cache synced and a worker took the Student: its reconcile waits
+	// for the records, which cannot load without NATS.
+	if err := stacktest.Eventually(30*time.Second, func() error {
+		if n := gauge(t, "controller_runtime_active_workers", "controller", reconciler.ControllerName); n < 1 {
+			return fmt.Errorf("%.0f workers active, want 1 waiting for the records", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := gauge(t, since); got != before {
+		t.Fatalf("%s moved to %.3f while the records could not load", since, got)
+	}
+	healed := time.Now()
+	link.Heal()
+	waitStream(t, natsConn(t), cfg.NATS.Stream.Name, 1)
+	if got := gauge(t, since); got < float64(healed.UnixNano())/1e9 {
+		t.Errorf("%s is %.3f, before NATS came back at %.3f", since, got, float64(healed.UnixNano())/1e9)
 	}
 }
 
