@@ -8,9 +8,12 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 )
 
 var (
@@ -135,6 +138,32 @@ func (r *StudentReconciler) HoldCatchUp() (release func()) { return r.caughtUp.h
 // CatchUpPending is how many Students queued by a catch-up are not
 // reconciled yet.
 func (r *StudentReconciler) CatchUpPending() int { return r.caughtUp.Pending() }
+
+// skipUnchanged drops, from the watch's initial list, the Students that
+// need no reconcile: their state is what was last published and, when the
+// bridge holds deletes, they carry its finalizer. Their status view may
+// still be behind (it is written on a budget), so it goes to the status
+// writer directly. A restart with every Student published then reconciles
+// only what changed meanwhile, not every Student. Until the records are
+// loaded it cannot tell, and the list is queued as it comes.
+func (r *StudentReconciler) skipUnchanged() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc: func(e event.CreateEvent) bool {
+			s, ok := e.Object.(*studentv1.Student)
+			if !ok || !e.IsInInitialList || !r.Records.Loaded() || r.needsReconcile(s) {
+				return true
+			}
+			r.Status.Enqueue(client.ObjectKeyFromObject(s))
+			return false
+		},
+	}
+}
+
+// needsReconcile says whether a reconcile of s has anything to do beyond
+// its status: a change to publish, or the finalizer to put back.
+func (r *StudentReconciler) needsReconcile(s *studentv1.Student) bool {
+	return r.needsPublish(s) || r.HoldWithFinalizer && !controllerutil.ContainsFinalizer(s, studentv1.Finalizer)
+}
 
 // trackInitialList counts the Students of the watch's initial list as a
 // catch-up: the bridge was away from them.

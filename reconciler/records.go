@@ -235,6 +235,16 @@ func (r *Records) Wait(ctx context.Context) error {
 	}
 }
 
+// Loaded says whether the first Load finished.
+func (r *Records) Loaded() bool {
+	select {
+	case <-r.loaded:
+		return true
+	default:
+		return false
+	}
+}
+
 // Get returns the record of uid.
 func (r *Records) Get(uid types.UID) (studentv1.StudentRecord, bool) {
 	r.mu.Lock()

@@ -647,7 +647,7 @@ func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.O
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
 		// stamp last: it sees only what reaches the queue.
-		For(&studentv1.Student{}, builder.WithPredicates(changePredicate(), r.ours(), r.rememberGone(), r.trackInitialList(), r.stamp())).
+		For(&studentv1.Student{}, builder.WithPredicates(changePredicate(), r.ours(), r.rememberGone(), r.skipUnchanged(), r.trackInitialList(), r.stamp())).
 		WatchesRawSource(source.Channel(r.catchUp, &handler.TypedEnqueueRequestForObject[*studentv1.Student]{})).
 		WithOptions(opts).
 		Complete(r)

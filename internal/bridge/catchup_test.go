@@ -11,6 +11,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
@@ -22,7 +23,10 @@ import (
 // TestCatchUpUnderLoad: a restart's catch-up (the watch's initial list,
 // which controller-runtime queues below live changes) finishes while live
 // changes keep every worker busy, within reconciler.LowPriorityWait and a
-// few times the same catch-up with nothing else to do.
+// few times the same catch-up with nothing else to do. The quiet Students
+// lose their finalizer while the bridge is down, so each needs a
+// reconcile (the finalizer back) and none a publish: they are queued only
+// by the initial list.
 func TestCatchUpUnderLoad(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
@@ -48,6 +52,7 @@ func TestCatchUpUnderLoad(t *testing.T) {
 	waitStream(t, natsConn(t), cfg.NATS.Stream.Name, quiet+busy)
 	stop()
 
+	dropFinalizers(t, ns, 0, quiet)
 	idle := catchUpAfterStart(t, func() { stop = startBridge(t, cfg) }, 2*time.Minute)
 	stop()
 	t.Logf("catch-up of %d Students with nothing else to do: %s", quiet+busy, idle)
@@ -73,6 +78,7 @@ func TestCatchUpUnderLoad(t *testing.T) {
 		}
 		loadDone <- nil
 	}()
+	dropFinalizers(t, ns, 0, quiet)
 	// The load runs before the bridge starts: its queue holds live changes
 	// from the first moment.
 	time.Sleep(time.Second)
@@ -119,6 +125,71 @@ func catchUpAfterStart(t *testing.T, start func(), timeout time.Duration, sample
 			t.Fatalf("no catch-up ended within %s; %d Students still queued by it", timeout, int(gauge(t, "student_bridge_catch_up_students")))
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// dropFinalizers removes the bridge's finalizer from the Students s<from>
+// to s<to-1> of ns, as someone might while no bridge runs.
+func dropFinalizers(t *testing.T, ns string, from, to int) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		s := getStudent(t, ns, fmt.Sprintf("s%d", i))
+		patch(t, s, func(s *studentv1.Student) { controllerutil.RemoveFinalizer(s, studentv1.Finalizer) })
+	}
+}
+
+// TestRestartReconcilesOnlyWhatChanged: a restart with every Student
+// published reconciles only those that changed while no bridge ran, or
+// lost the finalizer; the others' status is still brought up to date.
+func TestRestartReconcilesOnlyWhatChanged(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "unchanged")
+	const n = 20
+	for i := range n {
+		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%d", i), "wang", "china")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := startBridge(t, cfg)
+	nc := natsConn(t)
+	waitStream(t, nc, cfg.NATS.Stream.Name, n)
+	stop()
+
+	// While no bridge runs: two Students change, one loses the
+	// finalizer, and one's status is cleared.
+	for _, name := range []string{"s0", "s1"} {
+		patch(t, getStudent(t, ns, name), func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
+	}
+	dropFinalizers(t, ns, 2, 3)
+	cleared := getStudent(t, ns, "s3")
+	cleared.Status = studentv1.StudentStatus{}
+	if err := st.Client.Status().Update(ctx, cleared); err != nil {
+		t.Fatal(err)
+	}
+
+	reconciles := func() float64 {
+		return counter(t, "controller_runtime_reconcile_total", map[string]string{"controller": reconciler.ControllerName})
+	}
+	before := reconciles()
+	catchUpAfterStart(t, func() { startBridge(t, cfg) }, time.Minute)
+	waitStream(t, nc, cfg.NATS.Stream.Name, n+2)
+	if err := stacktest.Eventually(30*time.Second, func() error {
+		for _, name := range []string{"s2", "s3"} {
+			s := getStudent(t, ns, name)
+			switch {
+			case !controllerutil.ContainsFinalizer(s, studentv1.Finalizer):
+				return fmt.Errorf("%s has no finalizer", name)
+			case s.Status.LastPublished == nil || s.Status.ObservedGeneration != s.Generation:
+				return fmt.Errorf("%s shows status %+v", name, s.Status)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := reconciles() - before; got < 3 || got >= n {
+		t.Errorf("the restart made %.0f reconciles, want one for each of the 3 Students that needed one, not one for every Student", got)
 	}
 }
 
