@@ -108,19 +108,20 @@ func (q *agingQueue) AddRateLimited(item reconcile.Request) {
 }
 
 func (q *agingQueue) GetWithPriority() (reconcile.Request, int, bool) {
+	q.workingOnce.Do(q.working)
 	item, priority, shutdown := q.PriorityQueue.GetWithPriority()
 	q.taken(item)
 	return item, priority, shutdown
 }
 
 func (q *agingQueue) Get() (reconcile.Request, bool) {
+	q.workingOnce.Do(q.working)
 	item, shutdown := q.PriorityQueue.Get()
 	q.taken(item)
 	return item, shutdown
 }
 
 func (q *agingQueue) taken(item reconcile.Request) {
-	q.workingOnce.Do(q.working)
 	q.mu.Lock()
 	if _, ok := q.low[item]; ok {
 		delete(q.low, item)
