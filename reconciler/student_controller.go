@@ -573,25 +573,27 @@ type ShardOwner interface {
 	Lost(key types.NamespacedName)
 }
 
-// EnqueueShard queues every Student the cache has, and every record
+// EnqueueShard looks at every Student the cache has, and every record
 // without a Student, for which in is true: what a replica that gained a
-// shard must look at.
+// shard must take over. It queues those that need a reconcile (what
+// changed, what lost its finalizer, what is gone: what the shard's
+// consumers are waiting for) and asks only for the status view of the
+// others, as a start does (skipUnchanged). It returns how many it queued.
 func (r *StudentReconciler) EnqueueShard(ctx context.Context, cached client.Reader, in func(types.NamespacedName) bool) (int, error) {
 	// Read only, as in CatchUp.
 	students, gone, err := r.cachedAndGone(ctx, cached, client.UnsafeDisableDeepCopy)
 	if err != nil {
 		return 0, err
 	}
-	// What changed and what is gone first: it is what the shard's
-	// consumers are waiting for; the rest is looked at after.
-	var objs, rest []*studentv1.Student
+	var objs []*studentv1.Student
 	for i := range students {
-		switch s := &students[i]; {
-		case !in(client.ObjectKeyFromObject(s)):
-		case r.needsPublish(s):
+		s := &students[i]
+		switch key := client.ObjectKeyFromObject(s); {
+		case !in(key):
+		case r.needsReconcile(s):
 			objs = append(objs, s)
 		default:
-			rest = append(rest, s)
+			r.Status.Enqueue(key)
 		}
 	}
 	for _, rec := range gone {
@@ -599,11 +601,7 @@ func (r *StudentReconciler) EnqueueShard(ctx context.Context, cached client.Read
 			objs = append(objs, recordedStudent(rec))
 		}
 	}
-	objs = append(objs, rest...)
-	if _, err := r.enqueue(ctx, objs); err != nil {
-		return 0, err
-	}
-	return len(objs), nil
+	return r.enqueue(ctx, objs)
 }
 
 // Unpublished counts, by group, the changes seen and not yet published: a
