@@ -47,8 +47,12 @@ type catchUp struct {
 	queued  int
 }
 
-// add counts keys as queued by a catch-up.
+// add counts keys as queued by a catch-up. None starts none: a gained
+// shard whose Students need no reconcile has nothing to catch up with.
 func (c *catchUp) add(keys ...types.NamespacedName) {
+	if len(keys) == 0 {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.pending == nil {

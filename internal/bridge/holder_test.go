@@ -21,6 +21,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
+	"github.com/student-bridge/student-bridge/reconciler"
 )
 
 // writer records, for one replica, its identity (from its member Lease's
@@ -237,6 +238,57 @@ func TestGainedShardReloadsRecords(t *testing.T) {
 	}
 	if now, err := stacktest.Counter("student_bridge_shard_handovers_total", "kind", "lost"); err != nil || now != lost {
 		t.Errorf("shards lost to record-write conflicts after the handover: %v (%v), want none", now-lost, err)
+	}
+}
+
+// TestGainedShardReconcilesOnlyWhatChanged: a replica that gains the
+// shards of one that stopped reconciles the Students of those shards that
+// changed, not every one of them.
+func TestGainedShardReconcilesOnlyWhatChanged(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := shardedConfig(t, ns, "gainonly")
+	a, b := *cfg, *cfg
+	startBridge(t, &a)
+	stopB := startBridge(t, &b)
+	before := waitTwoShardsEach(t, ns)
+	const n = 20
+	for i := range n {
+		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%d", i), "wang", "china")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nc := natsConn(t)
+	waitStream(t, nc, cfg.NATS.Stream.Name, n)
+
+	reconciles := func() float64 {
+		return counter(t, "controller_runtime_reconcile_total", map[string]string{"controller": reconciler.ControllerName})
+	}
+	reconciled := reconciles()
+	stopB() // its shards go to the first replica
+	var gained []string
+	stacktest.WaitFor(t, "one replica holding every shard", func() error {
+		after := shardHolders(t, ns)
+		if len(after) != 4 || after[0] != after[1] || after[1] != after[2] || after[2] != after[3] {
+			return fmt.Errorf("shards held %v", after)
+		}
+		gained = nil
+		for i := range n {
+			name := fmt.Sprintf("s%d", i)
+			if shard := shards.Of(ns, name, 4); before[shard] != after[shard] {
+				gained = append(gained, name)
+			}
+		}
+		return nil
+	})
+	if len(gained) < 4 {
+		t.Fatalf("the gained shards hold %d of the %d Students: too few to tell", len(gained), n)
+	}
+	// One of them changes; its event shows the shards were taken over.
+	patch(t, getStudent(t, ns, gained[0]), func(s *studentv1.Student) { s.Spec.School = "peking" })
+	waitStream(t, nc, cfg.NATS.Stream.Name, n+1)
+	if got := reconciles() - reconciled; got > 2 {
+		t.Errorf("the handover made %.0f reconciles for 1 changed Student of the %d in the gained shards, want 1 (2 at most, should the change come before the gain)", got, len(gained))
 	}
 }
 
