@@ -132,15 +132,13 @@ func (r *Records) Load(ctx context.Context, store sink.Store, seed func(context.
 // whenLoaded calls f once the first Load finished: at once if it has.
 func (r *Records) whenLoaded(f func()) {
 	r.mu.Lock()
-	select {
-	case <-r.loaded:
+	if !r.Loaded() { // Load closes loaded under the lock
+		r.afterLoad = append(r.afterLoad, f)
 		r.mu.Unlock()
-		f()
 		return
-	default:
 	}
-	r.afterLoad = append(r.afterLoad, f)
 	r.mu.Unlock()
+	f()
 }
 
 // ReloadWhere replaces the records for which in is true with what the
