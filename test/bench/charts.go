@@ -92,7 +92,7 @@ func restartChart(path string, points []memPoint) error {
 	if len(restart) == 0 {
 		return nil
 	}
-	return save(p, path, []any{"bridge: every Student reconciled", restart, "raw informer: synced", informer})
+	return save(p, path, []any{"bridge: caught up", restart, "raw informer: synced", informer})
 }
 
 func save(p *plot.Plot, path string, lines []any) error {
