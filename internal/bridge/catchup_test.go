@@ -168,10 +168,7 @@ func TestRestartReconcilesOnlyWhatChanged(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	reconciles := func() float64 {
-		return counter(t, "controller_runtime_reconcile_total", map[string]string{"controller": reconciler.ControllerName})
-	}
-	before := reconciles()
+	before := reconciles(t)
 	catchUpAfterStart(t, func() { stop = startBridge(t, cfg) }, time.Minute)
 	waitStream(t, nc, cfg.NATS.Stream.Name, n+2)
 	if err := stacktest.Eventually(30*time.Second, func() error {
@@ -188,16 +185,16 @@ func TestRestartReconcilesOnlyWhatChanged(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if got := reconciles() - before; got < 3 || got >= n {
+	if got := reconciles(t) - before; got < 3 || got >= n {
 		t.Errorf("the restart made %.0f reconciles, want one for each of the 3 Students that needed one, not one for every Student", got)
 	}
 
 	// Nothing changed: nothing to reconcile, and the start's catch-up
 	// still ends (its workers asked for work and got none).
 	stop()
-	before = reconciles()
+	before = reconciles(t)
 	catchUpAfterStart(t, func() { startBridge(t, cfg) }, time.Minute)
-	if got := reconciles() - before; got != 0 {
+	if got := reconciles(t) - before; got != 0 {
 		t.Errorf("a restart with nothing changed made %.0f reconciles, want 0", got)
 	}
 }

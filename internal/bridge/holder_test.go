@@ -21,7 +21,6 @@ import (
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
-	"github.com/student-bridge/student-bridge/reconciler"
 )
 
 // writer records, for one replica, its identity (from its member Lease's
@@ -196,26 +195,35 @@ func TestStatusOnlyByTheHolder(t *testing.T) {
 	}
 }
 
+// twoReplicasPublished starts two replicas over four shards with their
+// Leases in ns, waits until they hold two shards each, creates Students s0
+// to s<n-1> and waits until their events are in the stream. It returns
+// the replicas' config, what stops the second, and who held which shard.
+func twoReplicasPublished(t *testing.T, ns, prefix string, n int) (cfg *config.Config, stopB func(), holders map[int]string) {
+	t.Helper()
+	cfg = shardedConfig(t, ns, prefix)
+	a, b := *cfg, *cfg
+	startBridge(t, &a)
+	stopB = startBridge(t, &b)
+	holders = waitTwoShardsEach(t, ns)
+	for i := range n {
+		if err := st.Client.Create(context.Background(), newStudent(ns, fmt.Sprintf("s%d", i), "wang", "china")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStream(t, natsConn(t), cfg.NATS.Stream.Name, n)
+	return cfg, stopB, holders
+}
+
 // TestGainedShardReloadsRecords: a replica that gains a shard reads that
 // shard's records from the record store first, so it publishes the next
 // change of a Student another replica published as an update, without a
 // record-write conflict (which would make it drop the shard again).
 func TestGainedShardReloadsRecords(t *testing.T) {
-	ctx := context.Background()
 	ns := newNamespace(t)
-	cfg := shardedConfig(t, ns, "reload")
-	a, b := *cfg, *cfg
-	startBridge(t, &a)
-	stopB := startBridge(t, &b)
-	waitTwoShardsEach(t, ns)
 	const n = 12
-	for i := range n {
-		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%d", i), "wang", "china")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cfg, stopB, _ := twoReplicasPublished(t, ns, "reload", n)
 	nc := natsConn(t)
-	waitStream(t, nc, cfg.NATS.Stream.Name, n)
 
 	lost, err := stacktest.Counter("student_bridge_shard_handovers_total", "kind", "lost")
 	if err != nil {
@@ -245,26 +253,12 @@ func TestGainedShardReloadsRecords(t *testing.T) {
 // shards of one that stopped reconciles the Students of those shards that
 // changed, not every one of them.
 func TestGainedShardReconcilesOnlyWhatChanged(t *testing.T) {
-	ctx := context.Background()
 	ns := newNamespace(t)
-	cfg := shardedConfig(t, ns, "gainonly")
-	a, b := *cfg, *cfg
-	startBridge(t, &a)
-	stopB := startBridge(t, &b)
-	before := waitTwoShardsEach(t, ns)
 	const n = 20
-	for i := range n {
-		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%d", i), "wang", "china")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cfg, stopB, before := twoReplicasPublished(t, ns, "gainonly", n)
 	nc := natsConn(t)
-	waitStream(t, nc, cfg.NATS.Stream.Name, n)
 
-	reconciles := func() float64 {
-		return counter(t, "controller_runtime_reconcile_total", map[string]string{"controller": reconciler.ControllerName})
-	}
-	reconciled := reconciles()
+	reconciled := reconciles(t)
 	stopB() // its shards go to the first replica
 	var gained []string
 	stacktest.WaitFor(t, "one replica holding every shard", func() error {
@@ -287,7 +281,7 @@ func TestGainedShardReconcilesOnlyWhatChanged(t *testing.T) {
 	// One of them changes; its event shows the shards were taken over.
 	patch(t, getStudent(t, ns, gained[0]), func(s *studentv1.Student) { s.Spec.School = "peking" })
 	waitStream(t, nc, cfg.NATS.Stream.Name, n+1)
-	if got := reconciles() - reconciled; got > 2 {
+	if got := reconciles(t) - reconciled; got > 2 {
 		t.Errorf("the handover made %.0f reconciles for 1 changed Student of the %d in the gained shards, want 1 (2 at most, should the change come before the gain)", got, len(gained))
 	}
 }
