@@ -129,8 +129,11 @@ func readStudents(ctx context.Context, src Source) ([]studentv1.Student, error) 
 }
 
 // readStream reads every message of the stream up to its last sequence at
-// the start, through a consumer of its own (in memory, no
-// acknowledgements) that it deletes after.
+// the start, through an ordered consumer (in memory, no acknowledgements):
+// it notices a message lost on the way, a consumer whose server stopped
+// answering (a node of a cluster restarting) and a reconnect, and then
+// reads on from the last message through a new consumer. Each consumer it
+// made goes once it stops, or after a minute idle if the reading died.
 func readStream(ctx context.Context, src Source, st *State) error {
 	js, err := jetstream.New(src.NATS)
 	if err != nil {
@@ -148,21 +151,16 @@ func readStream(ctx context.Context, src Source, st *State) error {
 	if info.State.Msgs == 0 {
 		return nil
 	}
-	name := "verify-" + rand.Text()
-	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
-		Name:              name,
-		Description:       "student-bridge verify, reading the stream once",
+	cons, err := js.OrderedConsumer(ctx, src.Stream, jetstream.OrderedConsumerConfig{
+		NamePrefix:        "verify-" + rand.Text(),
 		DeliverPolicy:     jetstream.DeliverAllPolicy,
-		AckPolicy:         jetstream.AckNonePolicy,
 		InactiveThreshold: time.Minute,
-		Replicas:          1,
-		MemoryStorage:     true,
+		MaxResetAttempts:  readResets,
 	})
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", src.Stream, err)
 	}
-	defer func() { _ = stream.DeleteConsumer(context.WithoutCancel(ctx), name) }()
-	it, err := cons.Messages()
+	it, err := cons.Messages(jetstream.PullHeartbeat(readHeartbeat))
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", src.Stream, err)
 	}
@@ -178,12 +176,7 @@ func readStream(ctx context.Context, src Source, st *State) error {
 		if err != nil {
 			return err
 		}
-		// Nothing acknowledges, so nothing would deliver again a message
-		// lost on the way: a break in the consumer's count is an error,
-		// not a gap in the stream.
-		if read++; md.Sequence.Consumer != read {
-			return fmt.Errorf("stream %s: message %d came as %d of the reading", src.Stream, read, md.Sequence.Consumer)
-		}
+		read++
 		if e, err := decode(msg); err != nil {
 			st.Unreadable++
 		} else if e.source == source && src.inScope(e.Data.Metadata.Namespace) {
@@ -198,6 +191,16 @@ func readStream(ctx context.Context, src Source, st *State) error {
 		}
 	}
 }
+
+// readHeartbeat is how often the server says a reading consumer is alive:
+// after two missed, the reading goes on through a new consumer, which the
+// server may place on another node. readResets is how many new consumers
+// a reading makes in a row (one second apart, doubling up to ten) before
+// it gives up.
+const (
+	readHeartbeat = 2 * time.Second
+	readResets    = 10
+)
 
 type decoded struct {
 	Event
