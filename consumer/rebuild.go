@@ -92,10 +92,50 @@ func (m *Mirror) fold(ctx context.Context, stream jetstream.Stream, to uint64, a
 	// deleted after it (a run that died left it behind: its position is
 	// wrong, so it goes first; the server also drops it once idle).
 	name := rebuildConsumer(m.o.Service)
-	if err := stream.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
+	defer func() { _ = stream.DeleteConsumer(context.WithoutCancel(ctx), name) }()
+	var from uint64 // the stream sequence read last
+	for resets := 0; ; resets++ {
+		done, err := m.foldFrom(ctx, stream, name, from, to, func(seq uint64, ev *event, err error) {
+			from = seq
+			if err != nil {
+				m.log.Warn("skipping an event that is not a Student CloudEvent", "sequence", seq, "reason", err.Error())
+			} else {
+				apply(ev.desired(seq), ev)
+			}
+		})
+		if err == nil {
+			return nil
+		}
+		if done {
+			return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
+		}
+		// The consumer stopped answering (the server it was placed on went
+		// down) or went away: read on from the event after the last one
+		// read, through a new one, which the server may place elsewhere.
+		if resets == rebuildResets || ctx.Err() != nil {
+			return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
+		}
+		m.log.Warn("the rebuild's reading of the stream stopped; reading on through a new consumer", "after", from, "reason", err.Error())
 	}
-	cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+}
+
+// rebuildResets is how many times in a row a rebuild reads on through a
+// new consumer before it gives up; rebuildHeartbeat is how often the
+// server says the rebuild's consumer is alive (two missed: a new one).
+const (
+	rebuildResets    = 5
+	rebuildHeartbeat = 2 * time.Second
+)
+
+// foldFrom reads the stream's events after sequence from (0: from the
+// first) up to sequence to through the consumer name, made for it, and
+// hands each to apply. done says the error is not one a new consumer
+// could read on after.
+func (m *Mirror) foldFrom(ctx context.Context, stream jetstream.Stream, name string, from, to uint64, apply func(seq uint64, ev *event, err error)) (done bool, err error) {
+	if err := stream.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return false, err
+	}
+	cfg := jetstream.ConsumerConfig{
 		Name:              name,
 		Description:       "student-bridge consumer.Mirror of service " + m.o.Service + ", rebuilding",
 		FilterSubject:     m.o.Subjects,
@@ -104,42 +144,42 @@ func (m *Mirror) fold(ctx context.Context, stream jetstream.Stream, to uint64, a
 		InactiveThreshold: time.Minute,
 		Replicas:          1,
 		MemoryStorage:     true,
-	})
-	if err != nil {
-		return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
 	}
-	defer func() { _ = stream.DeleteConsumer(context.WithoutCancel(ctx), name) }()
-	it, err := cons.Messages()
+	if from > 0 {
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from+1
+	}
+	cons, err := stream.CreateConsumer(ctx, cfg)
 	if err != nil {
-		return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
+		return false, err
+	}
+	it, err := cons.Messages(jetstream.PullHeartbeat(rebuildHeartbeat))
+	if err != nil {
+		return false, err
 	}
 	defer it.Stop()
 	var delivered uint64
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
+			return ctx.Err() != nil, err
 		}
 		md, err := msg.Metadata()
 		if err != nil {
-			return err
+			return true, err
 		}
 		// Nothing acknowledges here, so nothing would redeliver a message
-		// lost on the way: a gap in the consumer's count ends the rebuild
-		// with an error rather than a state missing an event.
+		// lost on the way: a gap in the consumer's count reads on from
+		// the last event read rather than leave a state missing an event.
 		if delivered++; md.Sequence.Consumer != delivered {
-			return fmt.Errorf("consumer: read %s: message %d of the rebuild came as %d", m.o.Stream, delivered, md.Sequence.Consumer)
+			return false, fmt.Errorf("message %d of the rebuild came as %d", delivered, md.Sequence.Consumer)
 		}
 		if md.Sequence.Stream > to {
-			return nil
+			return true, nil
 		}
-		if ev, err := decode(msg); err != nil {
-			m.log.Warn("skipping an event that is not a Student CloudEvent", "sequence", md.Sequence.Stream, "reason", err.Error())
-		} else {
-			apply(ev.desired(md.Sequence.Stream), ev)
-		}
+		ev, err := decode(msg)
+		apply(md.Sequence.Stream, ev, err)
 		if md.Sequence.Stream >= to || md.NumPending == 0 {
-			return nil
+			return true, nil
 		}
 	}
 }
