@@ -3,6 +3,7 @@ package consumer
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -22,9 +23,15 @@ type delivery struct {
 	err error
 }
 
-// deliveries reads the durable consumer in a goroutine of its own.
-func (m *Mirror) deliveries(ctx context.Context, cons jetstream.Consumer) (<-chan delivery, func(), error) {
-	it, err := cons.Messages()
+// deliveries reads the durable consumer in a goroutine of its own. The
+// channel closes when the reading ends; its error is then in *ended.
+//
+// Missed heartbeats do not end it: on a cluster, the consumer's leader
+// moving to another node (a node restarting) leaves the pull request
+// unanswered until the iterator asks again, which it does. Only a
+// consumer that is gone (deleted by hand) ends the reading.
+func (m *Mirror) deliveries(ctx context.Context, cons jetstream.Consumer, ended *error) (<-chan delivery, func(), error) {
+	it, err := cons.Messages(jetstream.PullHeartbeat(liveHeartbeat))
 	if err != nil {
 		return nil, nil, fmt.Errorf("consumer: read %s: %w", m.o.Service, err)
 	}
@@ -33,7 +40,19 @@ func (m *Mirror) deliveries(ctx context.Context, cons jetstream.Consumer) (<-cha
 		defer close(out)
 		for {
 			msg, err := it.Next()
+			if errors.Is(err, jetstream.ErrNoHeartbeat) {
+				if _, ierr := cons.Info(ctx); !errors.Is(ierr, jetstream.ErrConsumerNotFound) {
+					m.log.Warn("the durable consumer missed its heartbeats; asking again", "consumer", m.o.Service)
+					continue
+				}
+				err = jetstream.ErrConsumerDeleted
+			}
+			if errors.Is(err, jetstream.ErrConsumerDeleted) {
+				*ended = fmt.Errorf("consumer: durable consumer %s is gone (deleted?); a new Run makes it again", m.o.Service)
+				return
+			}
 			if err != nil {
+				*ended = fmt.Errorf("consumer: read %s: %w", m.o.Service, err)
 				return
 			}
 			d := delivery{msg: msg}
@@ -50,6 +69,10 @@ func (m *Mirror) deliveries(ctx context.Context, cons jetstream.Consumer) (<-cha
 	}()
 	return out, it.Stop, nil
 }
+
+// liveHeartbeat is how often the server says the durable consumer is
+// alive while the Mirror waits for events; two missed: ask again.
+const liveHeartbeat = 5 * time.Second
 
 // receive takes one live message.
 func (m *Mirror) receive(ctx context.Context, d delivery) {

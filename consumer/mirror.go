@@ -225,7 +225,10 @@ func (m *Mirror) key(cluster, uid string) string {
 func (m *Mirror) Gaps() int64 { return m.gaps.Load() }
 
 // Run rebuilds, then applies changes until ctx is done (it then returns
-// nil) or the stream cannot be read.
+// nil) or the stream cannot be read: its durable consumer was deleted, or
+// the connection closed. A node of a NATS cluster going away does not end
+// it: the rebuild reads on through a new consumer, and the live reading
+// asks again after missed heartbeats.
 func (m *Mirror) Run(ctx context.Context) error {
 	stream, err := m.js.Stream(ctx, m.o.Stream)
 	if err != nil {
@@ -301,7 +304,8 @@ func (m *Mirror) Run(ctx context.Context) error {
 		m.handle(ctx, k)
 	}
 
-	msgs, stop, err := m.deliveries(ctx, cons)
+	var ended error
+	msgs, stop, err := m.deliveries(ctx, cons, &ended)
 	if err != nil {
 		return err
 	}
@@ -320,7 +324,10 @@ func (m *Mirror) Run(ctx context.Context) error {
 				if ctx.Err() != nil {
 					return nil
 				}
-				return fmt.Errorf("consumer: reading %s stopped", m.o.Service)
+				if ended == nil {
+					ended = fmt.Errorf("consumer: reading %s stopped", m.o.Service)
+				}
+				return ended
 			}
 			m.receive(ctx, d)
 		}

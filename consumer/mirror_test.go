@@ -52,6 +52,12 @@ func newWorld(t *testing.T, prefix string, expected ...string) *world {
 // options); stop cancels it and waits for Run to return.
 func (w *world) mirror(t *testing.T, service string, handler consumer.Handler, tweaks ...func(*consumer.MirrorOptions)) (*consumer.Mirror, func()) {
 	t.Helper()
+	return w.mirrorOn(t, w.nc, service, handler, tweaks...)
+}
+
+// mirrorOn is mirror on the connection nc.
+func (w *world) mirrorOn(t *testing.T, nc *nats.Conn, service string, handler consumer.Handler, tweaks ...func(*consumer.MirrorOptions)) (*consumer.Mirror, func()) {
+	t.Helper()
 	o := consumer.MirrorOptions{
 		Service: service, Handler: handler, Stream: w.cfg.NATS.Stream.Name, Subjects: w.cfg.NATS.SubjectPrefix + ".>",
 		ReceiptsBucket: w.cfg.Receipts.Bucket, SnapshotSubject: w.cfg.Snapshot.RequestSubject,
@@ -61,7 +67,7 @@ func (w *world) mirror(t *testing.T, service string, handler consumer.Handler, t
 	for _, tweak := range tweaks {
 		tweak(&o)
 	}
-	m, err := consumer.NewMirror(w.nc, o)
+	m, err := consumer.NewMirror(nc, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -558,5 +564,68 @@ func TestMirrorCountsAGap(t *testing.T) {
 	}
 	if n := m.Gaps(); n != 1 {
 		t.Errorf("the mirror counted %d gaps, want 1", n)
+	}
+}
+
+// TestMirrorOutlastsMissedHeartbeats: the Mirror's connection stalls for
+// longer than two of its consumer's heartbeats (as while the consumer's
+// leader moves to another node of a cluster), without breaking. Once it
+// flows again, the Mirror goes on with the next change.
+func TestMirrorOutlastsMissedHeartbeats(t *testing.T) {
+	w := newWorld(t, "stall")
+	create(t, w.ns, "x", "china")
+	w.waitPublished(t, 1)
+	link, err := stack.NewLink(strings.TrimPrefix(st.NATS.URL(), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(link.Close)
+	nc, err := nats.Connect("nats://" + link.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	rec := &recorder{}
+	m, _ := w.mirrorOn(t, nc, "stall", rec.handle)
+	waitSame(t, w.ns, m)
+
+	link.SetDelay(12 * time.Second)
+	time.Sleep(12 * time.Second)
+	link.SetDelay(0)
+	create(t, w.ns, "y", "beijing")
+	waitSame(t, w.ns, m)
+}
+
+// TestMirrorEndsWhenItsConsumerIsGone: a durable consumer deleted by hand
+// ends Run with an error that says so.
+func TestMirrorEndsWhenItsConsumerIsGone(t *testing.T) {
+	w := newWorld(t, "gone")
+	create(t, w.ns, "x", "china")
+	w.waitPublished(t, 1)
+	m, err := consumer.NewMirror(w.nc, consumer.MirrorOptions{Service: "gone", Handler: (&recorder{}).handle,
+		Stream: w.cfg.NATS.Stream.Name, Subjects: w.cfg.NATS.SubjectPrefix + ".>", ReceiptsBucket: w.cfg.Receipts.Bucket, SnapshotSubject: consumer.NoSnapshots,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	waitSame(t, w.ns, m)
+	js, err := jetstream.New(w.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteConsumer(ctx, w.cfg.NATS.Stream.Name, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "durable consumer gone is gone") {
+			t.Fatalf("Run ended with %v, want it to say the durable consumer is gone", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("Run goes on a minute after its durable consumer was deleted")
 	}
 }
