@@ -67,6 +67,9 @@ func TestReadStreamSurvivesALostConsumer(t *testing.T) {
 		if _, err := js.PublishAsync("student.x", fmt.Appendf(nil, "message %d", i)); err != nil {
 			t.Fatal(err)
 		}
+		if i%1000 == 999 { // within the client's bound on what is in flight
+			<-js.PublishAsyncComplete()
+		}
 	}
 	<-js.PublishAsyncComplete()
 
