@@ -37,7 +37,7 @@ var Settings = []Setting{
 	{"tracing.endpoint", "tracing-endpoint", "", "OTLP/gRPC endpoint (host:port) to export traces to: a span per publish, continued from a Student's opentelemetry.io/trace-context annotation and carried in the CloudEvent (traceparent). Empty: the OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT variables, else no tracing."},
 	{"tracing.insecure", "tracing-insecure", false, "Export traces without TLS (a collector on the node or in the cluster)."},
 	{"kubernetesEvents", "kubernetes-events", true, "Record a Kubernetes Event on the Student for every publish and failure."},
-	{"kubernetesEventsQPS", "kubernetes-events-qps", float64(10), "Most Kubernetes Events (each an API write) per second for the whole bridge (with shards, each replica writes the share of the shards it holds). Events wait in a queue of 1000 and beyond it are dropped and counted: they never slow publishing."},
+	{"kubernetesEventsQPS", "kubernetes-events-qps", float64(10), "Most Kubernetes Events (each an API write) per second for the whole bridge (with shards, each replica writes the share of the shards it holds). Events wait in a queue of 1000; when it is full, the oldest are dropped and counted, so the newest get written: they never slow publishing."},
 	{"shutdownTimeout", "shutdown-timeout", dur("30s"), "How long a graceful shutdown waits for in-flight publishes."},
 	{"leaderElection.enabled", "leader-elect", true, "Use a Lease so that only one replica publishes at a time."},
 	{"leaderElection.namespace", "leader-election-namespace", "", "Namespace of the Lease; defaults to the pod's namespace in-cluster, else \"default\"."},

@@ -6,7 +6,7 @@
 // bridge's finalizer and status writes for the API server. This Recorder
 // queues Events (Eventf never blocks), writes them from a few writers at no
 // more than a set rate and only while the caller has no backlog, and drops,
-// and counts, what does not fit in the queue. Kubernetes Events are best
+// and counts, the oldest when the queue is full. Kubernetes Events are best
 // effort in Kubernetes itself; the CloudEvent and the Student's status are
 // what the bridge guarantees.
 package kubeevents
@@ -81,7 +81,7 @@ type Recorder struct {
 var (
 	recorded = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "student_bridge_kubernetes_events_total",
-		Help: "Kubernetes Events the bridge recorded, by result: written, failed (the API server refused it), dropped (the queue was full).",
+		Help: "Kubernetes Events the bridge recorded, by result: written, failed (the API server refused it), dropped (the oldest of a full queue, to make room).",
 	}, []string{"result"})
 	queued = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "student_bridge_kubernetes_events_queued",
@@ -131,8 +131,9 @@ func (r *Recorder) SetQPS(qps float64) {
 }
 
 // Eventf queues an Event regarding an object (and optionally related to
-// another). It never blocks: when the queue is full the Event is dropped
-// and counted.
+// another). It never blocks: when the queue is full, its oldest Event is
+// dropped (and counted) to make room, so that the Events written under a
+// load beyond the budget are the newest, not ones about changes long past.
 func (r *Recorder) Eventf(regarding, related runtime.Object, eventtype, reason, action, note string, args ...any) {
 	ev, err := r.build(regarding, related, eventtype, reason, action, fmt.Sprintf(note, args...))
 	if err != nil {
@@ -140,13 +141,21 @@ func (r *Recorder) Eventf(regarding, related runtime.Object, eventtype, reason, 
 		r.opts.Log.Error(err, "cannot build Kubernetes Event", "reason", reason)
 		return
 	}
-	select {
-	case r.queue <- ev:
-		queued.Inc()
-	default:
-		recorded.WithLabelValues("dropped").Inc()
-		r.logLimited("Kubernetes Events queue is full; dropping Events (see student_bridge_kubernetes_events_total{result=\"dropped\"})",
-			"queueSize", r.opts.QueueSize, "qps", r.opts.QPS)
+	for {
+		select {
+		case r.queue <- ev:
+			queued.Inc()
+			return
+		default:
+		}
+		select {
+		case <-r.queue:
+			queued.Dec()
+			recorded.WithLabelValues("dropped").Inc()
+			r.logLimited("Kubernetes Events queue is full; dropping the oldest Events (see student_bridge_kubernetes_events_total{result=\"dropped\"})",
+				"queueSize", r.opts.QueueSize, "qps", r.opts.QPS)
+		default: // a writer took one meanwhile
+		}
 	}
 }
 
