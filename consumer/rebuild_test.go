@@ -8,11 +8,10 @@ import (
 	"testing"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
@@ -22,18 +21,8 @@ import (
 // reads on from the eleventh event through a new one: every event once,
 // in stream order.
 func TestRebuildReadsOnAfterLosingItsConsumer(t *testing.T) {
-	n, err := stack.StartNATS(stack.NATSOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(n.Stop)
-	nc, err := nats.Connect(n.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
 	ctx := context.Background()
-	m, err := NewMirror(nc, MirrorOptions{Service: "roster", Handler: func(context.Context, Change) error { return nil },
+	m, err := NewMirror(stacktest.NATS(t), MirrorOptions{Service: "roster", Handler: func(context.Context, Change) error { return nil },
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -10,6 +10,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
 // Connect connects to the NATS at url for the rest of the test, and
@@ -22,6 +24,18 @@ func Connect(t testing.TB, url string) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// NATS starts an embedded NATS server with JetStream for the rest of the
+// test and returns a connection to it.
+func NATS(t testing.TB) *nats.Conn {
+	t.Helper()
+	n, err := stack.StartNATS(stack.NATSOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Stop)
+	return Connect(t, n.URL())
 }
 
 // WaitFor fails t unless cond returns nil within a minute, naming what it

@@ -6,10 +6,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // lossyProgress deletes every consumer of the stream the first time the
@@ -42,16 +41,7 @@ func (p *lossyProgress) Write(b []byte) (int, error) {
 // TestReadStreamSurvivesALostConsumer: a reading whose consumer goes away
 // halfway reads on from where it was, every message once.
 func TestReadStreamSurvivesALostConsumer(t *testing.T) {
-	n, err := stack.StartNATS(stack.NATSOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(n.Stop)
-	nc, err := nats.Connect(n.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := stacktest.NATS(t)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
