@@ -283,6 +283,7 @@ func newManager(cfg *config.Config, restCfg *rest.Config, selector labels.Select
 	le := cfg.LeaderElection
 	mgr, err := ctrl.NewManager(restCfg, ctrl.Options{
 		Scheme:                  scheme.New(),
+		MapperProvider:          newMapper,
 		Cache:                   cacheOpts,
 		Metrics:                 metricsserver.Options{BindAddress: cfg.MetricsAddr},
 		HealthProbeBindAddress:  cfg.HealthAddr,
