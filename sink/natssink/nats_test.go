@@ -102,6 +102,7 @@ func TestSubjectLayout(t *testing.T) {
 		{"student", natssink.DefaultSubjectLayout, "student.updated", ""},
 		{"corp.student", "{prefix}.{namespace}.{op}", "corp.student.team_a.updated", ""},
 		{"student", "{prefix}.{op}.{namespace}.{name}", "student.updated.team_a.wang_wei", ""},
+		{"student", "{prefix}.v1.{name}-{op}", "student.v1.wang_wei-updated", ""},
 		{"student", "{op}.{prefix}", "", "must start"},
 		{"student", "{prefix}.{name}", "", "must contain {op}"},
 		{"student", "{prefix}.{op}.{uid}", "", "unknown token"},

@@ -56,16 +56,34 @@ func (l SubjectLayout) Prefix() string { return l.prefix }
 // StreamSubject is the wildcard subject that covers every event of the layout.
 func (l SubjectLayout) StreamSubject() string { return l.prefix + ".>" }
 
-// Subject returns the NATS subject for event.
+// Subject returns the NATS subject for event. It runs once per event, so
+// it writes the layout's parts in one pass rather than building a
+// strings.Replacer each time (1 % of the bridge's CPU).
 func (l SubjectLayout) Subject(event cloudevents.Event) string {
-	op := studentv1.Operation(event.Type())
 	namespace, name, _ := strings.Cut(event.Subject(), "/")
-	return strings.NewReplacer(
-		"{prefix}", l.prefix,
-		"{op}", token(op),
-		"{namespace}", token(namespace),
-		"{name}", token(name),
-	).Replace(l.layout)
+	var b strings.Builder
+	b.Grow(len(l.layout) + len(l.prefix) + len(namespace) + len(name))
+	rest := l.layout
+	for {
+		open := strings.IndexByte(rest, '{')
+		end := strings.IndexByte(rest, '}')
+		if open < 0 || end < open { // NewSubjectLayout allows no other braces
+			b.WriteString(rest)
+			return b.String()
+		}
+		b.WriteString(rest[:open])
+		switch rest[open : end+1] {
+		case "{prefix}":
+			b.WriteString(l.prefix)
+		case "{op}":
+			b.WriteString(token(studentv1.Operation(event.Type())))
+		case "{namespace}":
+			b.WriteString(token(namespace))
+		case "{name}":
+			b.WriteString(token(name))
+		}
+		rest = rest[end+1:]
+	}
 }
 
 func token(s string) string {
