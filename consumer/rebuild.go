@@ -95,6 +95,7 @@ func (m *Mirror) fold(ctx context.Context, stream jetstream.Stream, to uint64, a
 	defer func() { _ = stream.DeleteConsumer(context.WithoutCancel(ctx), name) }()
 	var from uint64 // the stream sequence read last
 	for resets := 0; ; resets++ {
+		before := from
 		done, err := m.foldFrom(ctx, stream, name, from, to, func(seq uint64, ev *event, err error) {
 			from = seq
 			if err != nil {
@@ -112,6 +113,9 @@ func (m *Mirror) fold(ctx context.Context, stream jetstream.Stream, to uint64, a
 		// The consumer stopped answering (the server it was placed on went
 		// down) or went away: read on from the event after the last one
 		// read, through a new one, which the server may place elsewhere.
+		if from > before {
+			resets = 0 // read on before it stopped: a new run of resets
+		}
 		if resets == rebuildResets || ctx.Err() != nil {
 			return fmt.Errorf("consumer: read %s: %w", m.o.Stream, err)
 		}
