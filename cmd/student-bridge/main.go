@@ -84,7 +84,7 @@ func addLogFlags(fs *pflag.FlagSet) logSetup {
 		if console && opts.NewEncoder == nil {
 			zap.ConsoleEncoder()(&opts)
 		}
-		ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+		ctrl.SetLogger(newLazyValues(zap.New(zap.UseFlagOptions(&opts))))
 	}
 }
 
