@@ -55,9 +55,9 @@ func (w *world) mirror(t *testing.T, service string, handler consumer.Handler, t
 	return w.mirrorOn(t, w.nc, service, handler, tweaks...)
 }
 
-// mirrorOn is mirror on the connection nc.
-func (w *world) mirrorOn(t *testing.T, nc *nats.Conn, service string, handler consumer.Handler, tweaks ...func(*consumer.MirrorOptions)) (*consumer.Mirror, func()) {
-	t.Helper()
+// options are the Mirror options of service in w: its bridge's stream,
+// subjects, receipts bucket and snapshot subject, short retries, no log.
+func (w *world) options(service string, handler consumer.Handler, tweaks ...func(*consumer.MirrorOptions)) consumer.MirrorOptions {
 	o := consumer.MirrorOptions{
 		Service: service, Handler: handler, Stream: w.cfg.NATS.Stream.Name, Subjects: w.cfg.NATS.SubjectPrefix + ".>",
 		ReceiptsBucket: w.cfg.Receipts.Bucket, SnapshotSubject: w.cfg.Snapshot.RequestSubject,
@@ -67,7 +67,13 @@ func (w *world) mirrorOn(t *testing.T, nc *nats.Conn, service string, handler co
 	for _, tweak := range tweaks {
 		tweak(&o)
 	}
-	m, err := consumer.NewMirror(nc, o)
+	return o
+}
+
+// mirrorOn is mirror on the connection nc.
+func (w *world) mirrorOn(t *testing.T, nc *nats.Conn, service string, handler consumer.Handler, tweaks ...func(*consumer.MirrorOptions)) (*consumer.Mirror, func()) {
+	t.Helper()
+	m, err := consumer.NewMirror(nc, w.options(service, handler, tweaks...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -606,9 +612,7 @@ func TestMirrorEndsWhenItsConsumerIsGone(t *testing.T) {
 	w := newWorld(t, "gone")
 	create(t, w.ns, "x", "china")
 	w.waitPublished(t, 1)
-	m, err := consumer.NewMirror(w.nc, consumer.MirrorOptions{Service: "gone", Handler: (&recorder{}).handle,
-		Stream: w.cfg.NATS.Stream.Name, Subjects: w.cfg.NATS.SubjectPrefix + ".>", ReceiptsBucket: w.cfg.Receipts.Bucket, SnapshotSubject: consumer.NoSnapshots,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	m, err := consumer.NewMirror(w.nc, w.options("gone", (&recorder{}).handle, func(o *consumer.MirrorOptions) { o.SnapshotSubject = consumer.NoSnapshots }))
 	if err != nil {
 		t.Fatal(err)
 	}
