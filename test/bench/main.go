@@ -240,10 +240,15 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 			covered, made, lost, unobserved, dup, wpc, epc, cpu/float64(made)*1000, ownPC, cpCPU/float64(made)*1000, keptUp)
 	})
 	b.WriteString(stageTable(o, results))
-	b.WriteString(capacityTable(o, results))
-	b.WriteString("\nHighest sustained rate (p99 < 1 s, no lost final state, generator kept its schedule):\n\n")
+	if len(o.rates) > 0 {
+		b.WriteString(capacityTable(o, results))
+		b.WriteString("\nHighest sustained rate (p99 < 1 s, no lost final state, generator kept its schedule):\n\n")
+	}
 	probeRuns := 0 // names each probe's namespace and stream
 	for _, v := range variants {
+		if len(o.rates) == 0 {
+			break // -rates "": the memory and restart phase only
+		}
 		if _, ok := results[cellKey{v.name, o.rates[0]}]; !ok {
 			continue
 		}
