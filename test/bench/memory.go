@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -137,9 +138,12 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memP
 	loadedRestarts.WriteString(fmt.Sprintf("\nRestart under load: a generator changes Students at %d/s; the bridge is stopped, %d Students are deleted (per count, at most a tenth), "+
 		"and it starts again while the changes go on. Steady is the live changes' latency (change to its event on NATS) in the %s before the stop; "+
 		"during the catch-up, of the changes made from the start until the catch-up ended, and of those made after the bridge could publish "+
-		"(student_bridge_publishing_start_time_seconds: its records loaded and its cache synced; nothing is published before), and how long after the start that was.\n\n"+
+		"(student_bridge_publishing_start_time_seconds: its records loaded and its cache synced; nothing is published before), and how long after the start that was. "+
+		"The reference: a raw informer started under the same load (a new cache in this process, the bridge running), how long until it synced, "+
+		"and how long the changes made from its start until then took to reach it: a change made while a controller lists waits for the list.\n\n"+
 		"| Students | catch-up, idle | catch-up, under load | ratio | deletes made while down, published after | live p50 / p99 ms, steady | live p50 / p99 ms, during the catch-up | p99 ratio | "+
-		"could publish after | live p50 / p99 ms, after it could publish | p99 ratio |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+		"could publish after | live p50 / p99 ms, after it could publish | p99 ratio | "+
+		"raw informer, synced after | its live p50 / p99 ms during its start | bridge / informer p99 |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
 		loadRate, loadDeletes, loadSteady))
 	rss0, heap0 := sample()
 	fmt.Fprintf(&b, "| 0 | %.1f | %.1f | %.1f | %.1f | - | - |\n", float64(rss0)/1024, heap0, float64(rss0)/1024, heap0)
@@ -357,6 +361,12 @@ func restartUnderLoad(ctx context.Context, e *env, ns, prefix, metricsURL string
 	}
 	publishing := time.Unix(0, int64(since*1e9))
 	time.Sleep(2 * time.Second)
+	// The reference: a raw informer starting under the same load. A
+	// change made while it lists waits for the list as well.
+	rawSynced, rawDuring, err := informerStartUnderLoad(ctx, e, ns)
+	if err != nil {
+		return "", nil, err
+	}
 	endLoad()
 	<-loadDone
 	if err := stacktest.Eventually(5*time.Minute, func() error {
@@ -408,11 +418,75 @@ func restartUnderLoad(ctx context.Context, e *env, ns, prefix, metricsURL string
 	if p(before, 99) > 0 && len(afterStart) > 0 {
 		afterRatio = fmt.Sprintf("%.1fx", p(afterStart, 99).Seconds()/p(before, 99).Seconds())
 	}
-	row := fmt.Sprintf("| %d | %s | %s | %.2fx | %d, %s after the start | %s / %s | %s / %s (%d changes) | %s | %s | %s / %s (%d changes) | %s |\n",
+	rawRatio := "-"
+	if p(rawDuring, 99) > 0 && len(during) > 0 {
+		rawRatio = fmt.Sprintf("%.1fx", p(during, 99).Seconds()/p(rawDuring, 99).Seconds())
+	}
+	row := fmt.Sprintf("| %d | %s | %s | %.2fx | %d, %s after the start | %s / %s | %s / %s (%d changes) | %s | %s | %s / %s (%d changes) | %s | %s | %s / %s (%d changes) | %s |\n",
 		n, rounded(idle), rounded(catchUp), catchUp.Seconds()/idle.Seconds(), doomed, rounded(lastDelete.Sub(started)),
 		ms(p(before, 50)), ms(p(before, 99)), ms(p(during, 50)), ms(p(during, 99)), len(during), ratio,
-		rounded(publishing.Sub(started)), ms(p(afterStart, 50)), ms(p(afterStart, 99)), len(afterStart), afterRatio)
+		rounded(publishing.Sub(started)), ms(p(afterStart, 50)), ms(p(afterStart, 99)), len(afterStart), afterRatio,
+		rounded(rawSynced), ms(p(rawDuring, 50)), ms(p(rawDuring, 99)), len(rawDuring), rawRatio)
 	return row, deleted, nil
+}
+
+// informerStartUnderLoad starts a raw informer on the Students of ns while
+// the load of restartUnderLoad changes them: how long until it synced, and
+// how long each change made from its start until then took to reach it
+// (the load writes a change's time into spec.school as "t<nanoseconds>").
+func informerStartUnderLoad(ctx context.Context, e *env, ns string) (time.Duration, []time.Duration, error) {
+	var mu sync.Mutex
+	seen := map[string]time.Duration{} // by change time: a change is seen once
+	t0 := time.Now()
+	note := func(obj any) {
+		now := time.Now()
+		s, ok := obj.(*studentv1.Student)
+		if !ok || !strings.HasPrefix(s.Spec.School, "t") {
+			return
+		}
+		nanos, err := strconv.ParseInt(s.Spec.School[1:], 10, 64)
+		if err != nil || nanos < t0.UnixNano() {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if _, ok := seen[s.Spec.School]; !ok {
+			seen[s.Spec.School] = now.Sub(time.Unix(0, nanos))
+		}
+	}
+	c, err := cache.New(e.st.RestConfig, cache.Options{Scheme: e.st.Client.Scheme(), DefaultNamespaces: map[string]cache.Config{ns: {}}})
+	if err != nil {
+		return 0, nil, err
+	}
+	ictx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	inf, err := c.GetInformer(ictx, &studentv1.Student{})
+	if err != nil {
+		return 0, nil, err
+	}
+	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    note,
+		UpdateFunc: func(_, obj any) { note(obj) },
+	}); err != nil {
+		return 0, nil, err
+	}
+	go func() { _ = c.Start(ictx) }()
+	if !c.WaitForCacheSync(ictx) {
+		return 0, nil, fmt.Errorf("a raw informer under load did not sync")
+	}
+	synced := time.Since(t0)
+	time.Sleep(time.Second) // the changes made while it listed
+	mu.Lock()
+	defer mu.Unlock()
+	end := t0.Add(synced)
+	var during []time.Duration
+	for school, took := range seen {
+		if nanos, _ := strconv.ParseInt(school[1:], 10, 64); time.Unix(0, nanos).Before(end) {
+			during = append(during, took)
+		}
+	}
+	slices.Sort(during)
+	return synced, during, nil
 }
 
 // informerSync is how long a new informer takes to list and watch the
