@@ -10,7 +10,6 @@ package reconciler
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -21,7 +20,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
@@ -59,11 +57,10 @@ type StatusWriter struct {
 	Owns func(types.NamespacedName) bool
 	Log  logr.Logger
 
-	queue   workqueue.TypedInterface[types.NamespacedName]
+	// queue holds the Students asked for and when each was first asked
+	// for since its last write: the status stage's start.
+	queue   *backlog
 	limiter *rate.Limiter
-	// asked holds when a Student's status was first asked for since its
-	// last write: the status stage's start.
-	asked sync.Map // types.NamespacedName -> time.Time
 }
 
 // NewStatusWriter returns a StatusWriter; add it to the manager to run it.
@@ -74,7 +71,7 @@ func NewStatusWriter(c client.Client, view func(*studentv1.Student) studentv1.St
 		QPS:     qps,
 		Busy:    busy,
 		Log:     log,
-		queue:   workqueue.NewTyped[types.NamespacedName](),
+		queue:   newBacklog(),
 		limiter: rate.NewLimiter(rate.Limit(qps), 1),
 	}
 }
@@ -83,8 +80,7 @@ func NewStatusWriter(c client.Client, view func(*studentv1.Student) studentv1.St
 // write costs nothing.
 func (w *StatusWriter) Enqueue(key types.NamespacedName) {
 	if w != nil {
-		w.asked.LoadOrStore(key, time.Now())
-		w.queue.Add(key)
+		w.queue.add(key, time.Now())
 	}
 }
 
@@ -99,23 +95,16 @@ func (w *StatusWriter) NeedLeaderElection() bool { return true }
 
 // Start writes until ctx is cancelled.
 func (w *StatusWriter) Start(ctx context.Context) error {
-	go func() {
-		<-ctx.Done()
-		w.queue.ShutDown()
-	}()
 	for {
-		key, shutdown := w.queue.Get()
-		if shutdown {
+		// Asks from now on are for a view computed after this write.
+		key, asked, ok := w.queue.next(ctx)
+		if !ok {
 			return nil
 		}
-		// Asks from now on are for a view computed after this write.
-		asked, _ := w.asked.LoadAndDelete(key)
-		start, _ := asked.(time.Time)
-		if err := w.write(ctx, key, start); err != nil {
+		if err := w.write(ctx, key, asked); err != nil {
 			statusWrites.WithLabelValues(resultError).Inc()
 			w.Log.V(1).Info("status write failed", "student", key.String(), "reason", err.Error())
 		}
-		w.queue.Done(key)
 	}
 }
 
@@ -163,10 +152,7 @@ func (w *StatusWriter) write(ctx context.Context, key types.NamespacedName, aske
 	if err := w.Client.Status().Update(ctx, &stu); err != nil {
 		if apierrors.IsConflict(err) {
 			// Written again from a fresher cache; the wait goes on.
-			if !asked.IsZero() {
-				w.asked.LoadOrStore(key, asked)
-			}
-			w.queue.Add(key)
+			w.queue.add(key, asked)
 			return nil
 		}
 		return client.IgnoreNotFound(fmt.Errorf("write status of %s: %w", key, err))

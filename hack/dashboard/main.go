@@ -95,8 +95,9 @@ func build() (dashboard.Dashboard, error) {
 			query{fmt.Sprintf("student_bridge_catch_up_students{%s}", scope), "{{pod}}"}))
 
 	b.WithRow(dashboard.NewRowBuilder("What does it cost the cluster?")).
-		WithPanel(series("Status writes", "ops", "Writes of the status view, by result.",
-			query{rate("student_bridge_status_writes_total", "result"), "{{result}}"})).
+		WithPanel(series("Status writes", "ops", "Writes of the status view, by result, and the Students waiting for one (drained at status.qps a second).",
+			query{rate("student_bridge_status_writes_total", "result"), "{{result}}"},
+			query{fmt.Sprintf("sum(student_bridge_status_backlog{%s})", scope), "waiting"})).
 		WithPanel(series("Kubernetes Events", "ops", "Written, failed and dropped (the queue was full), and the queue.",
 			query{rate("student_bridge_kubernetes_events_total", "result"), "{{result}}"},
 			query{fmt.Sprintf("sum(student_bridge_kubernetes_events_queued{%s})", scope), "queued"})).

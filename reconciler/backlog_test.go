@@ -1,0 +1,93 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+func key(i int) types.NamespacedName {
+	return types.NamespacedName{Namespace: "school", Name: fmt.Sprintf("s-%d", i)}
+}
+
+// TestBacklogOnceEachInOrder: a Student asked for again while it waits
+// keeps its place and its first time; once taken, asking queues it again.
+func TestBacklogOnceEachInOrder(t *testing.T) {
+	b := newBacklog()
+	t0 := time.Unix(1000, 0)
+	for i := range 5 {
+		b.add(key(i), t0.Add(time.Duration(i)*time.Second))
+	}
+	b.add(key(1), t0.Add(time.Hour)) // waiting: no second place, no later time
+	ctx := context.Background()
+	for i := range 5 {
+		k, at, ok := b.next(ctx)
+		if !ok || k != key(i) || !at.Equal(t0.Add(time.Duration(i)*time.Second)) {
+			t.Fatalf("take %d: %v asked at %v (ok %v), want %v asked at %v", i, k, at, ok, key(i), t0.Add(time.Duration(i)*time.Second))
+		}
+		if i == 2 {
+			b.add(key(2), t0.Add(time.Minute)) // asked again while written
+		}
+	}
+	if k, at, ok := b.next(ctx); !ok || k != key(2) || !at.Equal(t0.Add(time.Minute)) {
+		t.Fatalf("after the five: %v asked at %v (ok %v), want %v asked again at %v", k, at, ok, key(2), t0.Add(time.Minute))
+	}
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if k, _, ok := b.next(done); ok {
+		t.Fatalf("an empty backlog gave %v", k)
+	}
+}
+
+// TestBacklogWaitsForAKey: next waits for an add, and lets go on ctx.
+func TestBacklogWaitsForAKey(t *testing.T) {
+	b := newBacklog()
+	got := make(chan types.NamespacedName)
+	go func() {
+		k, _, _ := b.next(context.Background())
+		got <- k
+	}()
+	time.Sleep(10 * time.Millisecond)
+	b.add(key(7), time.Now())
+	select {
+	case k := <-got:
+		if k != key(7) {
+			t.Fatalf("took %v, want %v", k, key(7))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("next did not wake up for an add")
+	}
+}
+
+// TestBacklogLetsGoOfADrainedRestart: what a restart queued (every
+// Student) is given back once written, and a queue that never empties
+// does not keep what was taken from it.
+func TestBacklogLetsGoOfADrainedRestart(t *testing.T) {
+	b := newBacklog()
+	ctx := context.Background()
+	for i := range 10000 {
+		b.add(key(i), time.Time{})
+	}
+	for range 10000 {
+		if _, _, ok := b.next(ctx); !ok {
+			t.Fatal("backlog ended early")
+		}
+	}
+	if b.asked != nil || b.order != nil {
+		t.Fatalf("drained backlog holds a map of %d and a slice of capacity %d", len(b.asked), cap(b.order))
+	}
+	// A steady trickle: one in, one out, always one waiting.
+	b.add(key(0), time.Time{})
+	for i := 1; i < 10000; i++ {
+		b.add(key(i), time.Time{})
+		if _, _, ok := b.next(ctx); !ok {
+			t.Fatal("backlog ended early")
+		}
+	}
+	if c := cap(b.order); c > 64 {
+		t.Fatalf("a backlog of one holds a slice of capacity %d", c)
+	}
+}
