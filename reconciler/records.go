@@ -144,22 +144,42 @@ func (r *Records) whenLoaded(f func()) {
 // ReloadWhere replaces the records for which in is true with what the
 // store holds: a replica that gained a shard takes over the records
 // another replica wrote.
+//
+// A replica holds every record from its start, so most of the store is
+// what it holds already: a record held at the revision the store has is
+// not decoded again (at 100,000 Students decoding them all was a third of
+// a reload, which a failover waits for).
 func (r *Records) ReloadWhere(ctx context.Context, in func(studentv1.StudentRecord) bool) error {
 	if err := r.Wait(ctx); err != nil {
 		return err
 	}
-	all, err := readStore(ctx, r.store)
+	r.mu.Lock()
+	held := make(map[types.UID]uint64, len(r.byUID))
+	for uid, e := range r.byUID {
+		if _, unsaved := r.unsaved[uid]; e.revision != 0 && !unsaved {
+			held[uid] = e.revision
+		}
+	}
+	r.mu.Unlock()
+	same := map[types.UID]bool{}
+	fresh, err := readStoreExcept(ctx, r.store, func(key string, revision uint64) bool {
+		if held[types.UID(key)] == revision {
+			same[types.UID(key)] = true
+			return true
+		}
+		return false
+	})
 	if err != nil {
 		return fmt.Errorf("reload records: %w", err)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for uid, e := range r.byUID {
-		if in(e.rec) {
+		if in(e.rec) && !same[uid] {
 			r.dropLocked(uid)
 		}
 	}
-	for _, sr := range all {
+	for _, sr := range fresh {
 		if in(sr.rec) {
 			r.setLocked(sr.rec, sr.revision, true)
 		}
@@ -178,14 +198,23 @@ type storedRecord struct {
 // Student under its uid (another key, e.g. the shard count, or a value
 // that is not ours to interpret) is left alone rather than guessed at.
 func readStore(ctx context.Context, store sink.Store) ([]storedRecord, error) {
+	return readStoreExcept(ctx, store, func(string, uint64) bool { return false })
+}
+
+// readStoreExcept is readStore without the keys skip says need no
+// decoding.
+func readStoreExcept(ctx context.Context, store sink.Store, skip func(key string, revision uint64) bool) ([]storedRecord, error) {
 	all, err := store.Load(ctx)
 	if err != nil {
 		storeOps.WithLabelValues("load", resultError).Inc()
 		return nil, err
 	}
 	storeOps.WithLabelValues("load", resultSuccess).Inc()
-	out := make([]storedRecord, 0, len(all))
+	var out []storedRecord
 	for _, rec := range all {
+		if skip(rec.Key, rec.Revision) {
+			continue
+		}
 		if sr, ok := ParseRecord(rec.Key, rec.Value); ok {
 			out = append(out, storedRecord{rec: sr, revision: rec.Revision})
 		}

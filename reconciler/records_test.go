@@ -10,6 +10,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/reconciler"
+	"github.com/student-bridge/student-bridge/sink"
 	"github.com/student-bridge/student-bridge/sink/sinktest"
 )
 
@@ -80,5 +81,79 @@ func TestRemoveHoldsUpNoOtherStudent(t *testing.T) {
 	}
 	if keys := store.Keys(); len(keys) != 1 || keys[0] != "b" {
 		t.Errorf("the store holds %v, want [b]", keys)
+	}
+}
+
+// garbledStore serves the values of the keys in garbled as bytes no record
+// decodes from, at their true revisions.
+type garbledStore struct {
+	*sinktest.Store
+	garbled map[string]bool
+}
+
+func (s *garbledStore) Load(ctx context.Context) ([]sink.Record, error) {
+	all, err := s.Store.Load(ctx)
+	for i := range all {
+		if s.garbled[all[i].Key] {
+			all[i].Value = []byte("not a record")
+		}
+	}
+	return all, err
+}
+
+// TestReloadWhereTakesWhatOthersWrote: a replica that gains Students takes
+// the records another replica wrote, created and removed since it loaded,
+// and leaves those of the others as they are. What it holds at the
+// store's revision it does not decode again: a garbled value at that
+// revision does not reach it.
+func TestReloadWhereTakesWhatOthersWrote(t *testing.T) {
+	ctx := context.Background()
+	store := &garbledStore{Store: &sinktest.Store{}, garbled: map[string]bool{}}
+	rec := func(name, typ string) studentv1.StudentRecord {
+		return studentv1.StudentRecord{Namespace: "ns", Name: name, UID: types.UID(name), Published: studentv1.PublishedEvent{Type: typ, ID: name + "-" + typ}}
+	}
+	other := reconciler.NewRecords() // the replica that held the Students
+	if err := other.Load(ctx, store, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"kept", "changed", "removed", "elsewhere"} {
+		if err := other.Save(ctx, rec(name, studentv1.EventTypeCreated)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs := reconciler.NewRecords() // the replica that gains them
+	if err := recs.Load(ctx, store, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Save(ctx, rec("changed", studentv1.EventTypeUpdated)); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Save(ctx, rec("new", studentv1.EventTypeCreated)); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Remove(ctx, "removed"); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Save(ctx, rec("elsewhere", studentv1.EventTypeUpdated)); err != nil {
+		t.Fatal(err)
+	}
+	store.garbled["kept"] = true
+
+	gained := func(r studentv1.StudentRecord) bool { return r.Name != "elsewhere" }
+	if err := recs.ReloadWhere(ctx, gained); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{
+		"kept":      studentv1.EventTypeCreated,
+		"changed":   studentv1.EventTypeUpdated,
+		"new":       studentv1.EventTypeCreated,
+		"elsewhere": studentv1.EventTypeCreated, // not gained: as it was
+	} {
+		if got, ok := recs.Get(types.UID(name)); !ok || got.Published.Type != want {
+			t.Errorf("%s: holds %q (held %v), want %q", name, got.Published.Type, ok, want)
+		}
+	}
+	if got, ok := recs.Get("removed"); ok {
+		t.Errorf("removed: still held, as %q", got.Published.Type)
 	}
 }
