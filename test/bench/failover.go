@@ -28,7 +28,9 @@ const failoverPerShard = 10
 
 // failoverAtScale runs three bridge processes over 16 shards, with the
 // shipped Lease timing (15s / 10s / 2s), on the Students named in ns; once
-// every one is published it reports each replica's memory, SIGKILLs one,
+// every one is published it reports each replica's memory, restarts two
+// (so they hold every record, as replicas that ran a while do), SIGKILLs
+// the third,
 // changes some Students of every shard at once and reports how long the
 // changes of the killed replica's shards waited for their events, and how
 // much of it the survivors spent loading the shards they gained.
@@ -53,16 +55,23 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (st
 			_ = r.cmd.Wait()
 		}
 	}()
-	before := streamMsgs(ctx, e, stream)
-	for range 3 {
+	start := func() (replica, error) {
 		metricsAddr, healthAddr := freeAddr(), freeAddr()
 		cmd := exec.Command(bins.bridge, append(args, "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr)...)
 		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 		if err := cmd.Start(); err != nil {
-			return "", err
+			return replica{}, err
 		}
-		replicas = append(replicas, replica{cmd: cmd, metrics: "http://" + metricsAddr + "/metrics"})
-		if err := waitHTTP("http://"+healthAddr+"/readyz", 60*time.Second); err != nil {
+		r := replica{cmd: cmd, metrics: "http://" + metricsAddr + "/metrics"}
+		return r, waitHTTP("http://"+healthAddr+"/readyz", 60*time.Second)
+	}
+	before := streamMsgs(ctx, e, stream)
+	for range 3 {
+		r, err := start()
+		if r.cmd != nil {
+			replicas = append(replicas, r)
+		}
+		if err != nil {
 			return "", err
 		}
 	}
@@ -79,6 +88,37 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (st
 		fmt.Fprintf(&b, " replica %d RSS %.1f MB, heap %.1f MB (%v shards);", i+1, float64(procStatus(r.cmd.Process.Pid, "VmRSS"))/1024,
 			metric(r.metrics, "go_memstats_heap_inuse_bytes")/1e6, metric(r.metrics, "student_bridge_shards_held"))
 	}
+
+	// The survivors-to-be restart once, as a rolling update would: a
+	// replica that has run a while holds every record at its revision, and
+	// a shard it gains needs only what the others wrote since.
+	for i := 1; i < len(replicas); i++ {
+		_ = replicas[i].cmd.Process.Signal(syscall.SIGTERM)
+		_ = replicas[i].cmd.Wait()
+		r, err := start()
+		if r.cmd != nil {
+			replicas[i] = r
+		}
+		if err != nil {
+			return "", err
+		}
+	}
+	if err := settled(ctx, e, &run{ns: ns}, len(replicas), 16, 3*time.Minute); err != nil {
+		return "", err
+	}
+	// ... and are done starting: records loaded, cache synced, nothing
+	// queued by a catch-up.
+	if err := stacktest.Eventually(5*time.Minute, func() error {
+		for i, r := range replicas {
+			if metric(r.metrics, "student_bridge_publishing_start_time_seconds") == 0 || metric(r.metrics, "student_bridge_catch_up_students") > 0 {
+				return fmt.Errorf("failover: replica %d has not caught up after its restart", i+1)
+			}
+		}
+		return nil
+	}); err != nil {
+		return "", err
+	}
+	time.Sleep(5 * time.Second)
 
 	holdersBefore, err := shardHolders(ctx, e, ns, id)
 	if err != nil {
@@ -173,7 +213,7 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (st
 		}
 		return d[len(d)-1]
 	}
-	fmt.Fprintf(&b, "\nOne replica SIGKILLed, %d Students of every shard changed at once: the changes of its %d shards published after %s (first) to %s (last) from the kill; "+
+	fmt.Fprintf(&b, "\nThe other two restarted once (as a rolling update would), then one replica SIGKILLed, %d Students of every shard changed at once: the changes of its %d shards published after %s (first) to %s (last) from the kill; "+
 		"of the other shards' after at most %s. The survivors loaded the gained shards in %.0f loads taking %s in all (of the pause).\n",
 		failoverPerShard, movedShards, rounded(moved[0]), rounded(last(moved)), rounded(last(stayed)), loads, rounded(time.Duration(loadSum*float64(time.Second))))
 	return b.String(), nil
