@@ -410,23 +410,18 @@ func restartUnderLoad(ctx context.Context, e *env, ns, prefix, metricsURL string
 		}
 		return d[len(d)*q/100]
 	}
-	ratio := "-"
-	if p(before, 99) > 0 && len(during) > 0 {
-		ratio = fmt.Sprintf("%.1fx", p(during, 99).Seconds()/p(before, 99).Seconds())
-	}
-	afterRatio := "-"
-	if p(before, 99) > 0 && len(afterStart) > 0 {
-		afterRatio = fmt.Sprintf("%.1fx", p(afterStart, 99).Seconds()/p(before, 99).Seconds())
-	}
-	rawRatio := "-"
-	if p(rawDuring, 99) > 0 && len(during) > 0 {
-		rawRatio = fmt.Sprintf("%.1fx", p(during, 99).Seconds()/p(rawDuring, 99).Seconds())
+	// ratio is a's p99 over b's, "-" without both.
+	ratio := func(a, b []time.Duration) string {
+		if p(b, 99) == 0 || len(a) == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1fx", p(a, 99).Seconds()/p(b, 99).Seconds())
 	}
 	row := fmt.Sprintf("| %d | %s | %s | %.2fx | %d, %s after the start | %s / %s | %s / %s (%d changes) | %s | %s | %s / %s (%d changes) | %s | %s | %s / %s (%d changes) | %s |\n",
 		n, rounded(idle), rounded(catchUp), catchUp.Seconds()/idle.Seconds(), doomed, rounded(lastDelete.Sub(started)),
-		ms(p(before, 50)), ms(p(before, 99)), ms(p(during, 50)), ms(p(during, 99)), len(during), ratio,
-		rounded(publishing.Sub(started)), ms(p(afterStart, 50)), ms(p(afterStart, 99)), len(afterStart), afterRatio,
-		rounded(rawSynced), ms(p(rawDuring, 50)), ms(p(rawDuring, 99)), len(rawDuring), rawRatio)
+		ms(p(before, 50)), ms(p(before, 99)), ms(p(during, 50)), ms(p(during, 99)), len(during), ratio(during, before),
+		rounded(publishing.Sub(started)), ms(p(afterStart, 50)), ms(p(afterStart, 99)), len(afterStart), ratio(afterStart, before),
+		rounded(rawSynced), ms(p(rawDuring, 50)), ms(p(rawDuring, 99)), len(rawDuring), ratio(during, rawDuring))
 	return row, deleted, nil
 }
 
@@ -454,27 +449,15 @@ func informerStartUnderLoad(ctx context.Context, e *env, ns string) (time.Durati
 			seen[s.Spec.School] = now.Sub(time.Unix(0, nanos))
 		}
 	}
-	c, err := cache.New(e.st.RestConfig, cache.Options{Scheme: e.st.Client.Scheme(), DefaultNamespaces: map[string]cache.Config{ns: {}}})
-	if err != nil {
-		return 0, nil, err
-	}
 	ictx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	inf, err := c.GetInformer(ictx, &studentv1.Student{})
+	synced, err := startInformer(ictx, e, ns, toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    note,
+		UpdateFunc: func(_, obj any) { note(obj) },
+	})
 	if err != nil {
 		return 0, nil, err
 	}
-	if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    note,
-		UpdateFunc: func(_, obj any) { note(obj) },
-	}); err != nil {
-		return 0, nil, err
-	}
-	go func() { _ = c.Start(ictx) }()
-	if !c.WaitForCacheSync(ictx) {
-		return 0, nil, fmt.Errorf("a raw informer under load did not sync")
-	}
-	synced := time.Since(t0)
 	time.Sleep(time.Second) // the changes made while it listed
 	mu.Lock()
 	defer mu.Unlock()
@@ -492,19 +475,34 @@ func informerStartUnderLoad(ctx context.Context, e *env, ns string) (time.Durati
 // informerSync is how long a new informer takes to list and watch the
 // Students of ns until it has synced.
 func informerSync(ctx context.Context, e *env, ns string) (time.Duration, error) {
-	t1 := time.Now()
+	ictx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	return startInformer(ictx, e, ns, nil)
+}
+
+// startInformer starts a new informer (a cache of its own) on the Students
+// of ns, with handler if not nil, and returns how long it took to sync; it
+// runs until ctx is done.
+func startInformer(ctx context.Context, e *env, ns string, handler toolscache.ResourceEventHandler) (time.Duration, error) {
+	t0 := time.Now()
 	c, err := cache.New(e.st.RestConfig, cache.Options{Scheme: e.st.Client.Scheme(), DefaultNamespaces: map[string]cache.Config{ns: {}}})
 	if err != nil {
 		return 0, err
 	}
-	ictx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	if _, err := c.GetInformer(ictx, &studentv1.Student{}); err != nil {
+	inf, err := c.GetInformer(ctx, &studentv1.Student{})
+	if err != nil {
 		return 0, err
 	}
-	go func() { _ = c.Start(ictx) }()
-	c.WaitForCacheSync(ictx)
-	return time.Since(t1), nil
+	if handler != nil {
+		if _, err := inf.AddEventHandler(handler); err != nil {
+			return 0, err
+		}
+	}
+	go func() { _ = c.Start(ctx) }()
+	if !c.WaitForCacheSync(ctx) {
+		return 0, fmt.Errorf("an informer on the Students of %s did not sync", ns)
+	}
+	return time.Since(t0), nil
 }
 
 // rounded shows d in seconds or milliseconds, rounded for a table.
