@@ -86,10 +86,6 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 
 	restCfg = rest.CopyConfig(restCfg)
 	restCfg.QPS, restCfg.Burst = cfg.KubeAPIQPS, cfg.KubeAPIBurst
-	// The API server gzips each watch event for each watcher, and the
-	// bridge inflates it again: CPU on both ends for a link that is
-	// usually a cluster's own network.
-	restCfg.DisableCompression = !cfg.KubeAPICompression
 	selector, err := labels.Parse(cfg.LabelSelector)
 	if err != nil {
 		return fmt.Errorf("config key labelSelector: %w", err)

@@ -21,7 +21,6 @@ type Config struct {
 	Workers             int            `mapstructure:"workers"`
 	KubeAPIQPS          float32        `mapstructure:"kubeAPIQPS"`
 	KubeAPIBurst        int            `mapstructure:"kubeAPIBurst"`
-	KubeAPICompression  bool           `mapstructure:"kubeAPICompression"`
 	MetricsAddr         string         `mapstructure:"metricsAddr"`
 	HealthAddr          string         `mapstructure:"healthAddr"`
 	PprofAddr           string         `mapstructure:"pprofAddr"`

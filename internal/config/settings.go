@@ -30,7 +30,6 @@ var Settings = []Setting{
 	{"workers", "workers", 16, "Students reconciled concurrently; each waits for its JetStream ack and API writes, so this bounds throughput."},
 	{"kubeAPIQPS", "kube-api-qps", float32(500), "Requests per second the bridge may send to the Kubernetes API (finalizers, status, Events)."},
 	{"kubeAPIBurst", "kube-api-burst", 1000, "Burst above kubeAPIQPS."},
-	{"kubeAPICompression", "kube-api-compression", false, "Ask the Kubernetes API server to gzip what it sends: its watch streams (every change, compressed for each watcher and decompressed by the bridge) and large lists. Off by default: next to its API server the network is fast and the compression costs CPU on both ends. Turn it on for a bridge far from its cluster over a slow link."},
 	{"metricsAddr", "metrics-bind-address", ":8080", "Address of the Prometheus /metrics endpoint; \"0\" disables it."},
 	{"healthAddr", "health-probe-bind-address", ":8081", "Address of the /healthz and /readyz endpoints; \"0\" disables them."},
 	{"pprofAddr", "pprof-bind-address", "", "Address of the Go pprof endpoints (/debug/pprof/); empty disables them. Do not expose it."},

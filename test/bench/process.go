@@ -87,8 +87,8 @@ type proc struct {
 }
 
 // startProcesses starts n bridge processes for the run (n > 1: over 16
-// shards), with the flags extra, and the subscriber.
-func startProcesses(ctx context.Context, e *env, r *run, n int, extra ...string) (func(), error) {
+// shards) and the subscriber.
+func startProcesses(ctx context.Context, e *env, r *run, n int) (func(), error) {
 	b, err := e.prepare()
 	if err != nil {
 		return nil, err
@@ -97,7 +97,6 @@ func startProcesses(ctx context.Context, e *env, r *run, n int, extra ...string)
 		"--stream-name", r.stream, "--state-bucket", r.stream + "_RECORDS", "--receipts-bucket", r.stream + "_RECEIPTS",
 		"--subject-prefix", r.prefix, "--snapshot-request-subject", "",
 		"--stream-replicas", strconv.Itoa(e.replicas), "--state-replicas", strconv.Itoa(e.replicas)}
-	args = append(args, extra...)
 	if n > 1 {
 		// The shipped Lease timing: a replica's renewals and its reads of
 		// the Leases are part of what it costs.
@@ -134,13 +133,8 @@ func startProcesses(ctx context.Context, e *env, r *run, n int, extra ...string)
 	return withSubscriber(ctx, e, r, stop)
 }
 
-// rawInformerProcess starts the raw informer as a process of its own, with
-// the raw-informer flags extra.
-func rawInformerProcess(extra ...string) func(ctx context.Context, e *env, r *run) (func(), error) {
-	return func(ctx context.Context, e *env, r *run) (func(), error) { return startRawInformerProcess(ctx, e, r, extra) }
-}
-
-func startRawInformerProcess(ctx context.Context, e *env, r *run, extra []string) (func(), error) {
+// startRawInformerProcess runs the raw informer as a process of its own.
+func startRawInformerProcess(ctx context.Context, e *env, r *run) (func(), error) {
 	b, err := e.prepare()
 	if err != nil {
 		return nil, err
@@ -148,8 +142,7 @@ func startRawInformerProcess(ctx context.Context, e *env, r *run, extra []string
 	if err := ensureStream(ctx, e, r); err != nil {
 		return nil, err
 	}
-	args := append([]string{"raw-informer", "-kubeconfig", b.config, "-nats", e.url, "-namespace", r.ns, "-prefix", r.prefix}, extra...)
-	cmd := exec.Command(b.bench, args...)
+	cmd := exec.Command(b.bench, "raw-informer", "-kubeconfig", b.config, "-nats", e.url, "-namespace", r.ns, "-prefix", r.prefix)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -188,14 +181,12 @@ func rawInformerMain(args []string) int {
 	url := fs.String("nats", "", "NATS URL")
 	ns := fs.String("namespace", "", "namespace of the Students")
 	prefix := fs.String("prefix", "", "subject prefix")
-	uncompressed := fs.Bool("uncompressed", false, "do not ask the API server to gzip the watch (client-go asks by default)")
 	_ = fs.Parse(args)
 	restCfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "raw-informer:", err)
 		return 1
 	}
-	restCfg.DisableCompression = *uncompressed
 	nc, err := nats.Connect(*url)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "raw-informer:", err)

@@ -110,9 +110,7 @@ var variants = []variant{
 	{name: "watch-floor", k8s: true, start: startWatchFloor},
 	{name: "raw-informer", k8s: true, start: startRawInformer},
 	{name: "raw-informer (sync always)", k8s: true, syncAlways: true, start: startRawInformer},
-	{name: "raw-informer (process)", k8s: true, start: rawInformerProcess()},
-	// The reference with the bridge's default of an uncompressed watch.
-	{name: "raw-informer (process, uncompressed watch)", k8s: true, start: rawInformerProcess("-uncompressed")},
+	{name: "raw-informer (process)", k8s: true, start: startRawInformerProcess},
 	{name: "student-bridge", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) {
 		return startBridge(ctx, e, r, true, true, nil)
 	}},
@@ -131,12 +129,7 @@ var variants = []variant{
 	{name: "student-bridge (3 replicas, 16 shards)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startReplicas(ctx, e, r, 3) }},
 	{name: "student-bridge (process)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startProcesses(ctx, e, r, 1) }},
 	{name: "student-bridge (3 processes, 16 shards)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startProcesses(ctx, e, r, 3) }},
-	// What kubeAPICompression costs: the watch gzipped, as client-go's
-	// default and the raw informers have it.
-	{name: "student-bridge (process, compressed watch)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) {
-		return startProcesses(ctx, e, r, 1, "--kube-api-compression")
-	}},
-	{name: "raw-informer (process, NATS cluster)", k8s: true, cluster: true, start: rawInformerProcess()},
+	{name: "raw-informer (process, NATS cluster)", k8s: true, cluster: true, start: startRawInformerProcess},
 	{name: "student-bridge (process, NATS cluster)", k8s: true, bridge: true, policy: true, cluster: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startProcesses(ctx, e, r, 1) }},
 	{name: "student-bridge (3 processes, 16 shards, NATS cluster)", k8s: true, bridge: true, policy: true, cluster: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startProcesses(ctx, e, r, 3) }},
 }
