@@ -87,8 +87,8 @@ type proc struct {
 }
 
 // startProcesses starts n bridge processes for the run (n > 1: over 16
-// shards) and the subscriber.
-func startProcesses(ctx context.Context, e *env, r *run, n int) (func(), error) {
+// shards), with the flags extra, and the subscriber.
+func startProcesses(ctx context.Context, e *env, r *run, n int, extra ...string) (func(), error) {
 	b, err := e.prepare()
 	if err != nil {
 		return nil, err
@@ -97,6 +97,7 @@ func startProcesses(ctx context.Context, e *env, r *run, n int) (func(), error) 
 		"--stream-name", r.stream, "--state-bucket", r.stream + "_RECORDS", "--receipts-bucket", r.stream + "_RECEIPTS",
 		"--subject-prefix", r.prefix, "--snapshot-request-subject", "",
 		"--stream-replicas", strconv.Itoa(e.replicas), "--state-replicas", strconv.Itoa(e.replicas)}
+	args = append(args, extra...)
 	if n > 1 {
 		// The shipped Lease timing: a replica's renewals and its reads of
 		// the Leases are part of what it costs.

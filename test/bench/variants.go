@@ -127,11 +127,24 @@ var variants = []variant{
 	{name: "student-bridge (1 replica, 16 shards)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startReplicas(ctx, e, r, 1) }},
 	{name: "student-bridge (2 replicas, 16 shards)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startReplicas(ctx, e, r, 2) }},
 	{name: "student-bridge (3 replicas, 16 shards)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startReplicas(ctx, e, r, 3) }},
-	{name: "student-bridge (process)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startProcesses(ctx, e, r, 1) }},
+	{name: "student-bridge (process)", k8s: true, bridge: true, policy: true, start: bridgeProcess()},
 	{name: "student-bridge (3 processes, 16 shards)", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startProcesses(ctx, e, r, 3) }},
+	// What each guarantee costs the bridge process, and the publishing
+	// (write-ahead record, event, record) without any of them.
+	{name: "student-bridge (process, no finalizer)", k8s: true, bridge: true, start: bridgeProcess("--hold-deletes-with-finalizer=false")},
+	{name: "student-bridge (process, no k8s Events)", k8s: true, bridge: true, policy: true, start: bridgeProcess("--kubernetes-events=false")},
+	{name: "student-bridge (process, no status)", k8s: true, bridge: true, policy: true, start: bridgeProcess("--status=false")},
+	{name: "student-bridge (process, publishing only)", k8s: true, bridge: true, start: bridgeProcess("--hold-deletes-with-finalizer=false", "--kubernetes-events=false", "--status=false")},
 	{name: "raw-informer (process, NATS cluster)", k8s: true, cluster: true, start: startRawInformerProcess},
-	{name: "student-bridge (process, NATS cluster)", k8s: true, bridge: true, policy: true, cluster: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startProcesses(ctx, e, r, 1) }},
+	{name: "student-bridge (process, NATS cluster)", k8s: true, bridge: true, policy: true, cluster: true, start: bridgeProcess()},
 	{name: "student-bridge (3 processes, 16 shards, NATS cluster)", k8s: true, bridge: true, policy: true, cluster: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startProcesses(ctx, e, r, 3) }},
+}
+
+// bridgeProcess starts one bridge process with the flags extra.
+func bridgeProcess(extra ...string) func(ctx context.Context, e *env, r *run) (func(), error) {
+	return func(ctx context.Context, e *env, r *run) (func(), error) {
+		return startProcesses(ctx, e, r, 1, extra...)
+	}
 }
 
 // startReplicas runs n active-active bridges (16 shards) in this process,
