@@ -74,6 +74,8 @@ type StudentReconciler struct {
 	// relists after a watch that expired, or starts late on a gained
 	// shard).
 	InScope func(*studentv1.Student) bool
+	// Namespaces are the namespaces the cache watches; empty: all.
+	Namespaces []string
 	// Cluster names the cluster in the CloudEvent source.
 	Cluster string
 	// Now returns the current time; time.Now when nil.
@@ -502,13 +504,13 @@ func (r *StudentReconciler) now() time.Time {
 func (r *StudentReconciler) CatchUp(ctx context.Context, cached client.Reader) (changed, gone int, err error) {
 	// Read only: the events carry the cached objects to the queue, which
 	// reads their names.
-	students, records, err := r.cachedAndGone(ctx, cached, client.UnsafeDisableDeepCopy)
+	students, records, err := r.cachedAndGone(ctx, cached)
 	if err != nil {
 		return 0, 0, err
 	}
 	var objs []*studentv1.Student
-	for i := range students {
-		if s := &students[i]; r.needsPublish(s) && (r.Shards == nil || r.Shards.Owns(client.ObjectKeyFromObject(s))) {
+	for _, s := range students {
+		if r.needsPublish(s) && (r.Shards == nil || r.Shards.Owns(client.ObjectKeyFromObject(s))) {
 			objs = append(objs, s)
 		}
 	}
@@ -527,15 +529,32 @@ func (r *StudentReconciler) needsPublish(s *studentv1.Student) bool {
 }
 
 // cachedAndGone lists the Students in the cache, and the records of those
-// the cache has no Student for (deleted, or out of scope).
-func (r *StudentReconciler) cachedAndGone(ctx context.Context, cached client.Reader, opts ...client.ListOption) ([]studentv1.Student, []studentv1.StudentRecord, error) {
-	var list studentv1.StudentList
-	if err := cached.List(ctx, &list, opts...); err != nil {
-		return nil, nil, fmt.Errorf("list cached students: %w", err)
+// the cache has no Student for (deleted, or out of scope). The Students
+// are shallow copies of the cache's, to be read only. A list per watched
+// namespace: one across the namespaces of a multi-namespace cache copies
+// every Student twice, which at 100,000 Students was 0.25 s of a restart
+// and of a failover.
+func (r *StudentReconciler) cachedAndGone(ctx context.Context, cached client.Reader) ([]*studentv1.Student, []studentv1.StudentRecord, error) {
+	namespaces := r.Namespaces
+	if len(namespaces) == 0 {
+		namespaces = []string{metav1.NamespaceAll}
 	}
-	live := make(map[types.UID]bool, len(list.Items))
-	for i := range list.Items {
-		live[list.Items[i].UID] = true
+	var students []*studentv1.Student
+	for _, ns := range namespaces {
+		var list studentv1.StudentList
+		if err := cached.List(ctx, &list, client.InNamespace(ns), client.UnsafeDisableDeepCopy); err != nil {
+			return nil, nil, fmt.Errorf("list cached students: %w", err)
+		}
+		if students == nil {
+			students = make([]*studentv1.Student, 0, len(list.Items))
+		}
+		for i := range list.Items {
+			students = append(students, &list.Items[i])
+		}
+	}
+	live := make(map[types.UID]bool, len(students))
+	for _, s := range students {
+		live[s.UID] = true
 	}
 	var gone []studentv1.StudentRecord
 	for _, rec := range r.Records.All() {
@@ -543,7 +562,7 @@ func (r *StudentReconciler) cachedAndGone(ctx context.Context, cached client.Rea
 			gone = append(gone, rec)
 		}
 	}
-	return list.Items, gone, nil
+	return students, gone, nil
 }
 
 // enqueue hands objs to the controller as cache events would, and returns
@@ -581,13 +600,12 @@ type ShardOwner interface {
 // others, as a start does (skipUnchanged). It returns how many it queued.
 func (r *StudentReconciler) EnqueueShard(ctx context.Context, cached client.Reader, in func(types.NamespacedName) bool) (int, error) {
 	// Read only, as in CatchUp.
-	students, gone, err := r.cachedAndGone(ctx, cached, client.UnsafeDisableDeepCopy)
+	students, gone, err := r.cachedAndGone(ctx, cached)
 	if err != nil {
 		return 0, err
 	}
 	var objs []*studentv1.Student
-	for i := range students {
-		s := &students[i]
+	for _, s := range students {
 		switch key := client.ObjectKeyFromObject(s); {
 		case !in(key):
 		case r.needsReconcile(s):
@@ -610,13 +628,12 @@ func (r *StudentReconciler) EnqueueShard(ctx context.Context, cached client.Read
 // Student in its group, or leaves it out (false).
 func (r *StudentReconciler) Unpublished(ctx context.Context, cached client.Reader, group func(types.NamespacedName) (int, bool)) (map[int]int, error) {
 	// Read only: no need to copy every cached Student.
-	students, gone, err := r.cachedAndGone(ctx, cached, client.UnsafeDisableDeepCopy)
+	students, gone, err := r.cachedAndGone(ctx, cached)
 	if err != nil {
 		return nil, err
 	}
 	out := map[int]int{}
-	for i := range students {
-		s := &students[i]
+	for _, s := range students {
 		if g, ok := group(client.ObjectKeyFromObject(s)); ok && NextChange(s, lastPublished(r.Records.Get(s.UID))) != "" {
 			out[g]++
 		}

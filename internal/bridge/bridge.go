@@ -182,6 +182,7 @@ func addReconciler(mgr manager.Manager, cfg *config.Config, selector labels.Sele
 		InScope: func(s *studentv1.Student) bool {
 			return (len(cfg.Namespaces) == 0 || slices.Contains(cfg.Namespaces, s.Namespace)) && selector.Matches(labels.Set(s.Labels))
 		},
+		Namespaces: cfg.Namespaces,
 	}
 	// Every worker busy: changes are waiting for the API server, and
 	// Events and status writes would only take capacity from them.

@@ -199,6 +199,51 @@ func TestRestartReconcilesOnlyWhatChanged(t *testing.T) {
 	}
 }
 
+// TestRestartOverTwoNamespaces: a bridge that watches two namespaces finds
+// at its restart what changed and what is gone in either, and reconciles
+// only those: the Students of the other namespace are neither taken for
+// gone nor reconciled again.
+func TestRestartOverTwoNamespaces(t *testing.T) {
+	ctx := context.Background()
+	first, second := newNamespace(t), newNamespace(t)
+	cfg := testConfig(t, first, "twons")
+	cfg.Namespaces = []string{first, second}
+	const n = 10 // Students in each namespace
+	for _, ns := range cfg.Namespaces {
+		for i := range n {
+			if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%d", i), "wang", "china")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	stop := startBridge(t, cfg)
+	nc := natsConn(t)
+	waitStream(t, nc, cfg.NATS.Stream.Name, 2*n)
+	stop()
+
+	// While no bridge runs: a Student of the second namespace changes,
+	// and one of the first is deleted without the bridge's finalizer.
+	patch(t, getStudent(t, second, "s0"), func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
+	dropFinalizers(t, first, 1, 2)
+	if err := st.Client.Delete(ctx, getStudent(t, first, "s1")); err != nil {
+		t.Fatal(err)
+	}
+
+	before := reconciles(t)
+	catchUpAfterStart(t, func() { startBridge(t, cfg) }, time.Minute)
+	got := waitStream(t, nc, cfg.NATS.Stream.Name, 2*n+2)
+	want := map[string]string{second + "/s0": studentv1.EventTypeUpdated, first + "/s1": studentv1.EventTypeDeleted}
+	for _, r := range got[2*n:] {
+		key := r.Data.Metadata.Namespace + "/" + r.Data.Metadata.Name
+		if want[key] != r.Event.Type() {
+			t.Errorf("the restart published %s for %s, want only %v", r.Event.Type(), key, want)
+		}
+	}
+	if got := reconciles(t) - before; got >= n {
+		t.Errorf("the restart made %.0f reconciles, want one for each of the 2 Students that needed one, not one for every Student of a namespace", got)
+	}
+}
+
 // TestPublishingStartsOnceTheRecordsLoad:
 // student_bridge_publishing_start_time_seconds says when a bridge could
 // first publish. Not when its workers start, if they wait for the record
