@@ -149,18 +149,37 @@ func (r *StudentReconciler) CatchUpPending() int { return r.caughtUp.Pending() }
 // still be behind (it is written on a budget), so it goes to the status
 // writer directly. A restart with every Student published then reconciles
 // only what changed meanwhile, not every Student. Until the records are
-// loaded it cannot tell, and the list is queued as it comes.
+// loaded it cannot tell: the list waits for them once, at most
+// initialListWait (nothing is published before they are loaded anyway),
+// and is queued as it comes if they take longer.
 func (r *StudentReconciler) skipUnchanged() predicate.Predicate {
 	return predicate.Funcs{
 		CreateFunc: func(e event.CreateEvent) bool {
 			s, ok := e.Object.(*studentv1.Student)
-			if !ok || !e.IsInInitialList || !r.Records.Loaded() || r.needsReconcile(s) {
+			if !ok || !e.IsInInitialList || !r.recordsForInitialList() || r.needsReconcile(s) {
 				return true
 			}
 			r.Status.Enqueue(client.ObjectKeyFromObject(s))
 			return false
 		},
 	}
+}
+
+// initialListWait bounds how long the watch's initial list waits for the
+// records' first load: a cache that syncs before them would otherwise
+// queue every Student.
+const initialListWait = 10 * time.Second
+
+// recordsForInitialList reports whether the records are loaded, the first
+// call waiting for them at most initialListWait.
+func (r *StudentReconciler) recordsForInitialList() bool {
+	r.listWait.Do(func() {
+		select {
+		case <-r.Records.loaded:
+		case <-time.After(initialListWait):
+		}
+	})
+	return r.Records.Loaded()
 }
 
 // needsReconcile says whether a reconcile of s has anything to do beyond

@@ -97,6 +97,8 @@ type StudentReconciler struct {
 	catchUp chan event.TypedGenericEvent[*studentv1.Student]
 	// caughtUp tracks what catch-ups queued until it is reconciled.
 	caughtUp catchUp
+	// listWait is the initial list's one wait for the records (skipUnchanged).
+	listWait sync.Once
 
 	inFlight atomic.Int32 // reconciles running now
 }
