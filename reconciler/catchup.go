@@ -1,6 +1,7 @@
 package reconciler
 
 import (
+	"context"
 	"sync"
 	"time"
 
@@ -174,10 +175,9 @@ const initialListWait = 10 * time.Second
 // call waiting for them at most initialListWait.
 func (r *StudentReconciler) recordsForInitialList() bool {
 	r.listWait.Do(func() {
-		select {
-		case <-r.Records.loaded:
-		case <-time.After(initialListWait):
-		}
+		ctx, cancel := context.WithTimeout(context.Background(), initialListWait)
+		defer cancel()
+		_ = r.Records.Wait(ctx) // not loaded in time: Loaded says so
 	})
 	return r.Records.Loaded()
 }
