@@ -97,6 +97,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "raw-informer" {
 		os.Exit(rawInformerMain(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "informer-sync" {
+		os.Exit(informerSyncMain(os.Args[2:]))
+	}
 	var o options
 	var rates, students string
 	flag.StringVar(&rates, "rates", "50,100,200,300,500,1000", "Change rates (changes/s) to run, comma separated.")

@@ -20,8 +20,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	dto "github.com/prometheus/client_model/go"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/scheme"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stages"
 )
@@ -209,6 +212,43 @@ func rawInformerMain(args []string) int {
 	defer stop()
 	fmt.Println("ready")
 	<-ctx.Done()
+	return 0
+}
+
+// informerSyncMain is this binary started as "informer-sync": a raw
+// informer started as a process of its own, as a controller restarts
+// (a new process, its API discovery, a heap that grows from nothing). It
+// lists and watches the Students of a namespace, prints "synced" once its
+// cache synced, and exits: the reference for a restart of the bridge.
+func informerSyncMain(args []string) int {
+	fs := flag.NewFlagSet("informer-sync", flag.ExitOnError)
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the API server")
+	ns := fs.String("namespace", "", "namespace of the Students")
+	_ = fs.Parse(args)
+	restCfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "informer-sync:", err)
+		return 1
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer cancel()
+	// As the raw informer variant's cache (runRawInformer), without its
+	// handler: nothing is published.
+	c, err := cache.New(restCfg, cache.Options{Scheme: scheme.New(), DefaultNamespaces: map[string]cache.Config{*ns: {}},
+		DefaultTransform: cache.TransformStripManagedFields()})
+	if err == nil {
+		_, err = c.GetInformer(ctx, &studentv1.Student{})
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "informer-sync:", err)
+		return 1
+	}
+	go func() { _ = c.Start(ctx) }()
+	if !c.WaitForCacheSync(ctx) {
+		fmt.Fprintln(os.Stderr, "informer-sync: the cache did not sync")
+		return 1
+	}
+	fmt.Println("synced")
 	return 0
 }
 
