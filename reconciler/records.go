@@ -255,6 +255,8 @@ func ParseRecord(key string, value []byte) (rec studentv1.StudentRecord, ok bool
 	if err := json.Unmarshal(value, &rec); err != nil || rec.UID == "" || string(rec.UID) != key {
 		return studentv1.StudentRecord{}, false
 	}
+	// Held once, not once per record.
+	rec.Namespace, rec.Published.Type = intern(rec.Namespace), intern(rec.Published.Type)
 	return rec, true
 }
 

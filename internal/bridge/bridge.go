@@ -306,14 +306,11 @@ func newManager(cfg *config.Config, restCfg *rest.Config, selector labels.Select
 	return mgr, nil
 }
 
-// trimStudent keeps in the cache only what the bridge reads of a Student:
-// managed fields and annotations are never published nor read, and what
-// was published lives in the record store, not in the status.
+// trimStudent keeps in the cache only what the bridge reads of a Student
+// (reconciler.TrimForCache).
 func trimStudent(obj any) (any, error) {
 	if s, ok := obj.(*studentv1.Student); ok {
-		s.ManagedFields = nil
-		s.Annotations = nil
-		s.Status = reconciler.TrimStatus(s.Status)
+		reconciler.TrimForCache(s)
 	}
 	return obj, nil
 }

@@ -10,6 +10,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -154,10 +155,20 @@ func TestRestartReconcilesOnlyWhatChanged(t *testing.T) {
 	stop := startBridge(t, cfg)
 	nc := natsConn(t)
 	waitStream(t, nc, cfg.NATS.Stream.Name, n)
+	if err := stacktest.Eventually(30*time.Second, func() error {
+		if c := meta.FindStatusCondition(getStudent(t, ns, "s4").Status.Conditions, studentv1.ConditionPublished); c == nil || c.Reason != studentv1.ReasonPublished {
+			return fmt.Errorf("s4's Published condition is %+v", c)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	stop()
 
 	// While no bridge runs: two Students change, one loses the
-	// finalizer, and one's status is cleared.
+	// finalizer, one's status is cleared, and one's Published message is
+	// edited (the cache holds that message only where it says what
+	// lastPublished does, so an edited one must still be seen).
 	for _, name := range []string{"s0", "s1"} {
 		patch(t, getStudent(t, ns, name), func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
 	}
@@ -165,6 +176,13 @@ func TestRestartReconcilesOnlyWhatChanged(t *testing.T) {
 	cleared := getStudent(t, ns, "s3")
 	cleared.Status = studentv1.StudentStatus{}
 	if err := st.Client.Status().Update(ctx, cleared); err != nil {
+		t.Fatal(err)
+	}
+	edited := getStudent(t, ns, "s4")
+	published := meta.FindStatusCondition(edited.Status.Conditions, studentv1.ConditionPublished)
+	want := published.Message
+	published.Message = "edited by hand"
+	if err := st.Client.Status().Update(ctx, edited); err != nil {
 		t.Fatal(err)
 	}
 
@@ -180,6 +198,9 @@ func TestRestartReconcilesOnlyWhatChanged(t *testing.T) {
 			case s.Status.LastPublished == nil || s.Status.ObservedGeneration != s.Generation:
 				return fmt.Errorf("%s shows status %+v", name, s.Status)
 			}
+		}
+		if c := meta.FindStatusCondition(getStudent(t, ns, "s4").Status.Conditions, studentv1.ConditionPublished); c == nil || c.Message != want {
+			return fmt.Errorf("s4's Published condition is %+v, want the message %q back", c, want)
 		}
 		return nil
 	}); err != nil {
