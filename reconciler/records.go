@@ -302,6 +302,36 @@ func (r *Records) ForName(key types.NamespacedName) []studentv1.StudentRecord {
 	return out
 }
 
+// Share points the strings of s that equal its record's at the record's:
+// the cache and the records then hold a Student's uid, name, published
+// spec and the id its status names once, not twice. It is for a Student
+// on its way into the cache (a transform), which nothing reads yet; one
+// without a record, or before the records are loaded, keeps its own.
+func (r *Records) Share(s *studentv1.Student) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.byUID[s.UID]
+	if !ok {
+		return
+	}
+	rec := &e.rec
+	s.UID = rec.UID
+	s.Name = same(s.Name, rec.Name)
+	s.Spec.Name = same(s.Spec.Name, rec.Published.Spec.Name)
+	s.Spec.School = same(s.Spec.School, rec.Published.Spec.School)
+	if lp := s.Status.LastPublished; lp != nil {
+		lp.ID = same(lp.ID, rec.Published.ID)
+	}
+}
+
+// same is held if it equals s, else s.
+func same(s, held string) string {
+	if s == held {
+		return held
+	}
+	return s
+}
+
 // Len is the number of records.
 func (r *Records) Len() int {
 	r.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 	"time"
+	"unsafe"
 
 	"k8s.io/apimachinery/pkg/types"
 
@@ -155,5 +156,56 @@ func TestReloadWhereTakesWhatOthersWrote(t *testing.T) {
 	}
 	if got, ok := recs.Get("removed"); ok {
 		t.Errorf("removed: still held, as %q", got.Published.Type)
+	}
+}
+
+// TestShareHoldsStringsOnce: a Student on its way into the cache takes
+// its record's strings where they are equal, keeping every value; where
+// they differ (a spec changed since its publish) it keeps its own.
+func TestShareHoldsStringsOnce(t *testing.T) {
+	ctx := context.Background()
+	store := &sinktest.Store{}
+	writer := reconciler.NewRecords()
+	if err := writer.Load(ctx, store, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := writer.Save(ctx, studentv1.StudentRecord{Namespace: "ns", Name: "wang", UID: "uid-1",
+		Published: studentv1.PublishedEvent{Type: studentv1.EventTypeCreated, ID: "0123abcd", Spec: studentv1.StudentSpec{Name: "wang", School: "china"}}}); err != nil {
+		t.Fatal(err)
+	}
+	recs := reconciler.NewRecords() // as a start reads them
+	if err := recs.Load(ctx, store, nil); err != nil {
+		t.Fatal(err)
+	}
+	held, _ := recs.Get("uid-1")
+
+	// Strings of its own, as a decoded watch event has.
+	own := func(s string) string { return string([]byte(s)) }
+	student := func(school string) *studentv1.Student {
+		s := &studentv1.Student{Spec: studentv1.StudentSpec{Name: own("wang"), School: own(school)},
+			Status: studentv1.StudentStatus{LastPublished: &studentv1.PublishedEvent{ID: own("0123abcd")}}}
+		s.Name, s.Namespace, s.UID = own("wang"), "ns", types.UID(own("uid-1"))
+		return s
+	}
+	sameBytes := func(a, b string) bool { return unsafe.StringData(a) == unsafe.StringData(b) }
+
+	s := student("china")
+	recs.Share(s)
+	if s.Name != "wang" || s.UID != "uid-1" || s.Spec != (studentv1.StudentSpec{Name: "wang", School: "china"}) || s.Status.LastPublished.ID != "0123abcd" {
+		t.Fatalf("shared into %+v: a value changed", s)
+	}
+	for what, pair := range map[string][2]string{
+		"uid": {string(s.UID), string(held.UID)}, "name": {s.Name, held.Name}, "spec.name": {s.Spec.Name, held.Published.Spec.Name},
+		"spec.school": {s.Spec.School, held.Published.Spec.School}, "lastPublished.id": {s.Status.LastPublished.ID, held.Published.ID},
+	} {
+		if !sameBytes(pair[0], pair[1]) {
+			t.Errorf("%s: the Student holds %q apart from its record's", what, pair[0])
+		}
+	}
+
+	changed := student("tsinghua")
+	recs.Share(changed)
+	if changed.Spec.School != "tsinghua" || !sameBytes(changed.Spec.Name, held.Published.Spec.Name) {
+		t.Errorf("a changed school: shared into %+v, want tsinghua kept and the name shared", changed.Spec)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -90,7 +91,10 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	if err != nil {
 		return fmt.Errorf("config key labelSelector: %w", err)
 	}
-	mgr, err := newManager(cfg, restCfg, selector)
+	// The cache shares the records' strings (trimStudent), so both exist
+	// before the manager.
+	records := reconciler.NewRecords()
+	mgr, err := newManager(cfg, restCfg, selector, records)
 	if err != nil {
 		return err
 	}
@@ -98,7 +102,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	if err != nil {
 		return err
 	}
-	r, err := addReconciler(mgr, cfg, selector, pub, log)
+	r, err := addReconciler(mgr, cfg, selector, pub, records, log)
 	if err != nil {
 		return err
 	}
@@ -169,12 +173,12 @@ func addBrokerSetup(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, layo
 
 // addReconciler sets up the Student reconciler with its Kubernetes Event
 // recorder and status writer.
-func addReconciler(mgr manager.Manager, cfg *config.Config, selector labels.Selector, pub *natssink.Publisher, log logr.Logger) (*reconciler.StudentReconciler, error) {
+func addReconciler(mgr manager.Manager, cfg *config.Config, selector labels.Selector, pub *natssink.Publisher, records *reconciler.Records, log logr.Logger) (*reconciler.StudentReconciler, error) {
 	r := &reconciler.StudentReconciler{
 		Client:            mgr.GetClient(),
 		APIReader:         mgr.GetAPIReader(),
 		Sink:              pub,
-		Records:           reconciler.NewRecords(),
+		Records:           records,
 		HoldWithFinalizer: cfg.Deletes.HoldWithFinalizer,
 		Recorder:          nopRecorder{},
 		Cluster:           cfg.Cluster,
@@ -260,8 +264,8 @@ func addHealth(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, brokerRea
 	})
 }
 
-func newManager(cfg *config.Config, restCfg *rest.Config, selector labels.Selector) (manager.Manager, error) {
-	students := cache.ByObject{Transform: trimStudent}
+func newManager(cfg *config.Config, restCfg *rest.Config, selector labels.Selector, records *reconciler.Records) (manager.Manager, error) {
+	students := cache.ByObject{Transform: trimStudent(records)}
 	cacheOpts := cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
 	if len(cfg.Namespaces) > 0 {
 		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
@@ -307,12 +311,16 @@ func newManager(cfg *config.Config, restCfg *rest.Config, selector labels.Select
 }
 
 // trimStudent keeps in the cache only what the bridge reads of a Student
-// (reconciler.TrimForCache).
-func trimStudent(obj any) (any, error) {
-	if s, ok := obj.(*studentv1.Student); ok {
-		reconciler.TrimForCache(s)
+// (reconciler.TrimForCache), with the strings it shares with its record
+// held once (Records.Share).
+func trimStudent(records *reconciler.Records) toolscache.TransformFunc {
+	return func(obj any) (any, error) {
+		if s, ok := obj.(*studentv1.Student); ok {
+			reconciler.TrimForCache(s)
+			records.Share(s)
+		}
+		return obj, nil
 	}
-	return obj, nil
 }
 
 // setMemoryLimit sets the Go runtime's soft memory limit to 90% of
