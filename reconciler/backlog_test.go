@@ -91,3 +91,35 @@ func TestBacklogLetsGoOfADrainedRestart(t *testing.T) {
 		t.Fatalf("a backlog of one holds a slice of capacity %d", c)
 	}
 }
+
+// TestBacklogUnchangedLast: the Students a start found published as they
+// are wait behind every other ask, in their order and at the time they
+// were asked for, and are let go of once taken.
+func TestBacklogUnchangedLast(t *testing.T) {
+	b := newBacklog()
+	t0, t1 := time.Unix(1000, 0), time.Unix(2000, 0)
+	for i := range 3 {
+		b.addUnchanged(key(i), t0.Add(time.Duration(i)*time.Second)) // one time: the first
+	}
+	b.add(key(10), t1)
+	b.add(key(1), t1) // asked again for a change: written first
+	want := []struct {
+		key types.NamespacedName
+		at  time.Time
+	}{{key(10), t1}, {key(1), t1}, {key(0), t0}, {key(1), t0}, {key(2), t0}}
+	ctx := context.Background()
+	for i, w := range want {
+		k, at, ok := b.next(ctx)
+		if !ok || k != w.key || !at.Equal(w.at) {
+			t.Fatalf("take %d: %v asked at %v (ok %v), want %v asked at %v", i, k, at, ok, w.key, w.at)
+		}
+	}
+	if b.unchanged != nil {
+		t.Fatalf("drained backlog holds a list of capacity %d", cap(b.unchanged))
+	}
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if k, _, ok := b.next(done); ok {
+		t.Fatalf("an empty backlog gave %v", k)
+	}
+}

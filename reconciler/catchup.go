@@ -148,7 +148,7 @@ func (r *StudentReconciler) CatchUpPending() int { return r.caughtUp.Pending() }
 // need no reconcile: their state is what was last published and, when the
 // bridge holds deletes, they carry its finalizer. Their status view may
 // still be behind (it is written on a budget), so it goes to the status
-// writer directly. A restart with every Student published then reconciles
+// writer directly, behind what is asked for since (EnqueueUnchanged). A restart with every Student published then reconciles
 // only what changed meanwhile, not every Student. Until the records are
 // loaded it cannot tell: the list waits for them once, at most
 // initialListWait (nothing is published before they are loaded anyway),
@@ -160,7 +160,7 @@ func (r *StudentReconciler) skipUnchanged() predicate.Predicate {
 			if !ok || !e.IsInInitialList || !r.recordsForInitialList() || r.needsReconcile(s) {
 				return true
 			}
-			r.Status.Enqueue(client.ObjectKeyFromObject(s))
+			r.Status.EnqueueUnchanged(client.ObjectKeyFromObject(s))
 			return false
 		},
 	}

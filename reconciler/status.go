@@ -88,6 +88,15 @@ func (w *StatusWriter) Enqueue(key types.NamespacedName) {
 	}
 }
 
+// EnqueueUnchanged asks for the status of key, a Student a start found
+// published as it is, to be written once nothing else waits (see
+// backlog).
+func (w *StatusWriter) EnqueueUnchanged(key types.NamespacedName) {
+	if w != nil {
+		w.queue.addUnchanged(key, time.Now())
+	}
+}
+
 // SetQPS changes the most status writes per second, e.g. to this replica's
 // share of a budget for all replicas.
 func (w *StatusWriter) SetQPS(qps float64) {
