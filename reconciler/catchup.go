@@ -148,8 +148,9 @@ func (r *StudentReconciler) CatchUpPending() int { return r.caughtUp.Pending() }
 // need no reconcile: their state is what was last published and, when the
 // bridge holds deletes, they carry its finalizer. Their status view may
 // still be behind (it is written on a budget), so it goes to the status
-// writer directly, behind what is asked for since (EnqueueUnchanged). A restart with every Student published then reconciles
-// only what changed meanwhile, not every Student. Until the records are
+// writer directly, behind what is asked for since (EnqueueUnchanged). A
+// restart with every Student published then reconciles only what changed
+// meanwhile, not every Student. Until the records are
 // loaded it cannot tell: the list waits for them once, at most
 // initialListWait (nothing is published before they are loaded anyway),
 // and is queued as it comes if they take longer.

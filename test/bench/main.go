@@ -656,11 +656,15 @@ func ms(d time.Duration) string {
 	return strconv.FormatFloat(float64(d.Microseconds())/1000, 'f', 1, 64)
 }
 
-func spread(d []time.Duration) string {
+func spread(d []time.Duration) string { return spreadAs(d, ms) }
+
+// spreadAs shows sorted durations as their median (min-max), each shown
+// by show.
+func spreadAs(d []time.Duration, show func(time.Duration) string) string {
 	if len(d) == 1 {
-		return ms(d[0])
+		return show(d[0])
 	}
-	return fmt.Sprintf("%s (%s-%s)", ms(median(d)), ms(d[0]), ms(d[len(d)-1]))
+	return fmt.Sprintf("%s (%s-%s)", show(median(d)), show(d[0]), show(d[len(d)-1]))
 }
 
 // cpuSeconds is this process's user+system CPU time.

@@ -219,8 +219,8 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memP
 				live = append(live, name)
 			}
 		}
-		fmt.Fprintf(&restarts, "| %d | %s | %s | %s | %s | %.2fx | %s | %.2fx |\n", len(live), rounded(ready), roundedSpread(restartsOf), rounded(catchUp),
-			roundedSpread(syncsOf), median(restartsOf).Seconds()/median(syncsOf).Seconds(), rounded(sync), median(restartsOf).Seconds()/sync.Seconds())
+		fmt.Fprintf(&restarts, "| %d | %s | %s | %s | %s | %.2fx | %s | %.2fx |\n", len(live), rounded(ready), spreadAs(restartsOf, rounded), rounded(catchUp),
+			spreadAs(syncsOf, rounded), median(restartsOf).Seconds()/median(syncsOf).Seconds(), rounded(sync), median(restartsOf).Seconds()/sync.Seconds())
 
 		row, gone, err := restartUnderLoad(ctx, e, ns, prefix, metrics, live, catchUp, stop, start)
 		if err != nil {
@@ -514,14 +514,6 @@ func informerProcessSync(b *binaries, ns string) (time.Duration, error) {
 		return 0, fmt.Errorf("informer-sync: %v, said %q", err, out)
 	}
 	return took, nil
-}
-
-// roundedSpread shows sorted durations as their median (min-max), rounded.
-func roundedSpread(d []time.Duration) string {
-	if len(d) == 1 {
-		return rounded(d[0])
-	}
-	return fmt.Sprintf("%s (%s-%s)", rounded(median(d)), rounded(d[0]), rounded(d[len(d)-1]))
 }
 
 // informerSync is how long a new informer takes to list and watch the

@@ -20,11 +20,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	dto "github.com/prometheus/client_model/go"
 	"k8s.io/client-go/tools/clientcmd"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/internal/scheme"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stages"
 )
@@ -232,13 +229,9 @@ func informerSyncMain(args []string) int {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer cancel()
-	// As the raw informer variant's cache (runRawInformer), without its
-	// handler: nothing is published.
-	c, err := cache.New(restCfg, cache.Options{Scheme: scheme.New(), DefaultNamespaces: map[string]cache.Config{*ns: {}},
-		DefaultTransform: cache.TransformStripManagedFields()})
-	if err == nil {
-		_, err = c.GetInformer(ctx, &studentv1.Student{})
-	}
+	// The raw informer variant's cache, without its handler: nothing is
+	// published.
+	c, _, err := rawInformerCache(ctx, restCfg, *ns)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "informer-sync:", err)
 		return 1

@@ -309,18 +309,25 @@ func startRawInformer(ctx context.Context, e *env, r *run) (func(), error) {
 	return withSubscriber(ctx, e, r, stop)
 }
 
+// rawInformerCache is the raw informer's cache of the Students of ns and
+// its informer, not started: the raw informer variant's, and the
+// reference a restart is compared with (informer-sync).
+func rawInformerCache(ctx context.Context, restCfg *rest.Config, ns string) (cache.Cache, cache.Informer, error) {
+	c, err := cache.New(restCfg, cache.Options{Scheme: scheme.New(), DefaultNamespaces: map[string]cache.Config{ns: {}},
+		DefaultTransform: cache.TransformStripManagedFields()})
+	if err != nil {
+		return nil, nil, err
+	}
+	inf, err := c.GetInformer(ctx, &studentv1.Student{})
+	return c, inf, err
+}
+
 // runRawInformer runs the raw informer on Students of ns, publishing with
 // js under prefix, until stop; it returns once its cache synced.
 func runRawInformer(ctx context.Context, restCfg *rest.Config, js jetstream.JetStream, ns, prefix string) (stop func(), err error) {
 	layout, _ := natssink.NewSubjectLayout(prefix, natssink.DefaultSubjectLayout)
 	ctx, cancel := context.WithCancel(ctx)
-	c, err := cache.New(restCfg, cache.Options{Scheme: scheme.New(), DefaultNamespaces: map[string]cache.Config{ns: {}},
-		DefaultTransform: cache.TransformStripManagedFields()})
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	inf, err := c.GetInformer(ctx, &studentv1.Student{})
+	c, inf, err := rawInformerCache(ctx, restCfg, ns)
 	if err != nil {
 		cancel()
 		return nil, err
