@@ -23,7 +23,7 @@ func TestSmoke(t *testing.T) {
 	}
 	var out bytes.Buffer
 	dir := t.TempDir()
-	err := bench(context.Background(), options{rates: []int{20}, duration: 2 * time.Second, reps: 1, students: []int{20, 40}, idle: time.Second,
+	err := bench(context.Background(), options{rates: []int{20}, duration: 2 * time.Second, reps: 1, students: []int{20, 40}, idle: time.Second, memorySettle: 2 * time.Second,
 		out: filepath.Join(dir, "results.md")}, &out)
 	if err != nil {
 		t.Fatal(err)
@@ -77,10 +77,17 @@ func TestSmoke(t *testing.T) {
 	if !regexp.MustCompile(`The other two restarted once \(as a rolling update would\), then one replica SIGKILLed, 10 Students of every shard changed at once: the changes of its \d+ shards published after [\d.]+m?s \(first\) to [\d.]+m?s \(last\)`).MatchString(table) {
 		t.Errorf("no failover at scale:\n%s", table)
 	}
+	// Memory per count: publishing, after a restart and settled, without
+	// and with the memory limit.
+	mb, settledIn := `[\d.]+`, `\d+s( \(bound\))?`
+	if !regexp.MustCompile(`(?m)^\| 40 \|( ` + mb + ` \|){5} ` + settledIn + ` \|( ` + mb + ` \|){3} ` + settledIn + ` \|$`).MatchString(table) {
+		t.Errorf("no memory of 40 Students:\n%s", table)
+	}
 	// The restart's catch-up against a raw informer, per count: three of
-	// each against its process, one against it in the bench's process.
+	// each (the restarts' catch-ups too) against its process, one against
+	// it in the bench's process.
 	d, spread := `[\d.]+m?s`, `[\d.]+m?s \([\d.]+m?s-[\d.]+m?s\)`
-	if !regexp.MustCompile(`(?m)^\| 38 \| ` + d + ` \| ` + spread + ` \| ` + d + ` \| ` + spread + ` \| [\d.]+x \| ` + d + ` \| [\d.]+x \|$`).MatchString(table) {
+	if !regexp.MustCompile(`(?m)^\| 38 \| ` + d + ` \| ` + spread + ` \| ` + spread + ` \| ` + spread + ` \| [\d.]+x \| ` + d + ` \| [\d.]+x \|$`).MatchString(table) {
 		t.Errorf("no restart of 38 Students against the informer's sync:\n%s", table)
 	}
 	// Under load: the deletes made while the bridge was down published,

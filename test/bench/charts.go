@@ -12,10 +12,10 @@ import (
 
 // memPoint is the bridge process's memory at one count of Students.
 type memPoint struct {
-	students                             int
-	rssPublishing, rssSteady, rssLimited float64       // MB; limited: steady with the deployments' memoryLimit
-	heapPublishing, heapSteady           float64       // MB
-	restart, informer                    time.Duration // until every Student was reconciled; a raw informer's sync
+	students                                              int
+	rssPublishing, rssSteady, rssAfterLimited, rssLimited float64       // MB; limited: with the deployments' memoryLimit, after a restart and steady
+	heapPublishing, heapSteady                            float64       // MB
+	restart, informer                                     time.Duration // until every Student was reconciled; a raw informer's sync
 }
 
 // latencyChart draws each variant's p99 latency (the median of its
@@ -50,7 +50,7 @@ func latencyChart(path string, rates []int, results map[cellKey][]result) error 
 }
 
 // memoryChart draws the bridge's RSS and Go heap against the Students it
-// watches, while publishing them and steady after a restart.
+// watches: while publishing them, after a restart, and steady.
 func memoryChart(path string, points []memPoint) error {
 	p := plot.New()
 	p.Title.Text = "Memory of the bridge process against the Students it watches"
@@ -62,6 +62,7 @@ func memoryChart(path string, points []memPoint) error {
 	}{
 		{"RSS, publishing", func(m memPoint) float64 { return m.rssPublishing }},
 		{"RSS, steady", func(m memPoint) float64 { return m.rssSteady }},
+		{"RSS after a restart, memoryLimit " + deployedMemoryLimit, func(m memPoint) float64 { return m.rssAfterLimited }},
 		{"RSS, steady with memoryLimit " + deployedMemoryLimit, func(m memPoint) float64 { return m.rssLimited }},
 		{"heap in use, publishing", func(m memPoint) float64 { return m.heapPublishing }},
 		{"heap in use, steady", func(m memPoint) float64 { return m.heapSteady }},

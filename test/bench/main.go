@@ -88,6 +88,9 @@ type options struct {
 	only     string
 	// idle is how long the writes at rest are counted; 0 skips them.
 	idle time.Duration
+	// memorySettle bounds the wait for a restarted bridge's memory to
+	// settle before steady memory is sampled.
+	memorySettle time.Duration
 	// bisect narrows each variant's highest sustained rate to within 10%
 	// between the rates of the grid.
 	bisect bool
@@ -105,11 +108,13 @@ func main() {
 	flag.StringVar(&rates, "rates", "50,100,200,300,500,1000", "Change rates (changes/s) to run, comma separated.")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "How long the generator runs per variant and rate.")
 	flag.IntVar(&o.reps, "reps", 3, "Repetitions of every (variant, rate); the table shows the median and the min-max.")
-	flag.StringVar(&students, "students", "1000,10000", "Student counts for the memory and restart measurements; empty skips them.")
+	flag.StringVar(&students, "students", "1000,10000,100000", "Student counts for the memory and restart measurements (the slopes are between the first and the last); empty skips them.")
 	flag.StringVar(&o.out, "out", "bench-results/results.md", "Results file (markdown).")
 	flag.StringVar(&o.only, "only", "", "Run only variants whose name contains this (or one of these, comma separated; =name: that name exactly).")
 	flag.DurationVar(&o.idle, "idle", 30*time.Second, "How long the API writes at rest are counted per shape; 0 skips them.")
 	flag.BoolVar(&o.bisect, "bisect", true, "Narrow each variant's highest sustained rate to within 10% by bisection between the grid's rates.")
+	flag.DurationVar(&o.memorySettle, "memory-settle", 150*time.Second, "How long a restarted bridge's memory may take to settle (a garbage collection, then RSS within 1% for 10s) "+
+		"before steady memory is sampled anyway; past the Go runtime's forced collection every two minutes.")
 	flag.DurationVar(&settleQuiet, "settle", 2*time.Second, "A run has settled when no event arrived for this long.")
 	flag.Parse()
 	o.rates = ints(rates)
@@ -313,7 +318,7 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	}
 	var memory []memPoint
 	if len(o.students) > 0 {
-		mem, points, err := memoryAndRestart(ctx, e, o.students)
+		mem, points, err := memoryAndRestart(ctx, e, o.students, o.memorySettle)
 		if err != nil {
 			return fmt.Errorf("memory and restart: %w", err)
 		}

@@ -21,8 +21,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	toolscache "k8s.io/client-go/tools/cache"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
@@ -38,13 +36,17 @@ const deployedMemoryLimit = "256Mi"
 // starts of the raw informer's process, the restart table compares.
 const restartReps = 3
 
+// settleWindow: steady memory is sampled once RSS moved less than 1% in
+// it, after a garbage collection, or at the phase's bound (-memory-settle).
+const settleWindow = 10 * time.Second
+
 // memoryAndRestart runs the real binary as its own process, so its RSS and
 // Go heap are its own: at rest, with each count of published Students
 // (without a memory limit, and with the deployments' memoryLimit), the
 // time a restart takes to catch up with them against a raw informer's
 // sync, the same restart under a stream of live changes, and what the
 // restarts republished.
-func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memPoint, error) {
+func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound time.Duration) (string, []memPoint, error) {
 	bins, err := e.prepare()
 	if err != nil {
 		return "", nil, err
@@ -128,32 +130,64 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memP
 	sample := func() (rssKB int64, heapMB float64) {
 		return procStatus(cmd.Process.Pid, "VmRSS"), metric(metrics, "go_memstats_heap_inuse_bytes") / 1e6
 	}
+	// settled samples the process once its memory settled after a start:
+	// a garbage collection since the catch-up ended (the runtime forces
+	// one every two minutes at rest), and RSS moving less than 1% in
+	// settleWindow (the scavenger returns freed memory gradually). A
+	// start's list leaves its peak in RSS for a while; a dashboard at
+	// rest shows the settled figure. It reports how long settling took,
+	// "(bound)" when it did not settle.
+	settled := func() (rssKB int64, heapMB float64, took string) {
+		t0 := time.Now()
+		var window []int64 // one sample a second
+		for {
+			rssKB, heapMB = sample()
+			window = append(window, rssKB)
+			if len(window) > int(settleWindow/time.Second)+1 {
+				window = window[1:]
+			}
+			took = time.Since(t0).Round(time.Second).String()
+			gcSince := metric(metrics, "go_memstats_last_gc_time_seconds") > float64(t0.Add(-3*time.Second).UnixNano())/1e9
+			if gcSince && len(window) > int(settleWindow/time.Second) && float64(slices.Max(window)-slices.Min(window)) < 0.01*float64(rssKB) {
+				return
+			}
+			if time.Since(t0) > settleBound {
+				return rssKB, heapMB, took + " (bound)"
+			}
+			time.Sleep(time.Second)
+		}
+	}
 
 	var b, restarts, loadedRestarts strings.Builder
 	b.WriteString("Memory of the bridge process (RSS and Go heap in use, from its own /metrics). \"Publishing\" is 3 s after the " +
 		"last of the Students was published, with what creating them left for the garbage collector. " +
-		"\"Steady\" is after a restart with every Student already published: the cost of watching them; without a memory limit, " +
-		"and with the deployments' memoryLimit (" + deployedMemoryLimit + ": GOMEMLIMIT 90% of it).\n\n" +
-		"| Students | RSS MB publishing | heap MB publishing | RSS MB steady | heap MB steady | RSS MB steady, memoryLimit | heap MB steady, memoryLimit |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+		"\"Steady\" is after a restart with every Student already published, the cost of watching them, once settled: " +
+		"after a garbage collection, RSS moving less than 1% in " + settleWindow.String() + " (bounded at " + settleBound.String() + "); " +
+		"\"after a restart\" is 3 s after its catch-up ended, with the list's peak still held: what a memory limit must allow. " +
+		"Without a memory limit, and with the deployments' memoryLimit (" + deployedMemoryLimit + ": GOMEMLIMIT 90% of it).\n\n" +
+		"| Students | RSS MB publishing | heap MB publishing | RSS MB after a restart | RSS MB steady | heap MB steady | settled after | " +
+		"RSS MB after a restart, memoryLimit | RSS MB steady, memoryLimit | heap MB steady, memoryLimit | settled after |\n" +
+		"| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	restarts.WriteString(fmt.Sprintf("\nRestart with every Student published: ready (/readyz), caught up (the start's catch-up ended: every Student that needed a reconcile had it; "+
 		"one published as it is needs none), against a raw informer's sync of the same Students (a new cache, list and watch): "+
 		"started as a process of its own, as a controller restarts (the reference), and in the benchmark's running process. "+
-		"Restarts and the informer's process alternate, %d of each: median (min-max); ready and the catch-up are of the first.\n\n"+
+		"Restarts and the informer's process alternate, %d of each: median (min-max); ready is of the first.\n\n"+
 		"| Students | ready | caught up | of it, the catch-up | raw informer process: synced after | caught up / informer process | raw informer in this process: synced after | caught up / it |\n"+
 		"| --- | --- | --- | --- | --- | --- | --- | --- |\n", restartReps))
 	loadedRestarts.WriteString(fmt.Sprintf("\nRestart under load: a generator changes Students at %d/s; the bridge is stopped, %d Students are deleted (per count, at most a tenth), "+
-		"and it starts again while the changes go on. Steady is the live changes' latency (change to its event on NATS) in the %s before the stop; "+
+		"and it starts again while the changes go on. The idle catch-up is the median of the restarts above. Steady is the live changes' latency (change to its event on NATS) in the %s before the stop; "+
 		"during the catch-up, of the changes made from the start until the catch-up ended, and of those made after the bridge could publish "+
 		"(student_bridge_publishing_start_time_seconds: its records loaded and its cache synced; nothing is published before), and how long after the start that was. "+
-		"The reference: a raw informer started under the same load (a new cache in this process, the bridge running), how long until it synced, "+
+		"The reference: a raw informer started as a process under the same load (as the restarts' reference, the bridge running), how long until it synced, "+
 		"and how long the changes made from its start until then took to reach it: a change made while a controller lists waits for the list.\n\n"+
 		"| Students | catch-up, idle | catch-up, under load | ratio | deletes made while down, published after | live p50 / p99 ms, steady | live p50 / p99 ms, during the catch-up | p99 ratio | "+
 		"could publish after | live p50 / p99 ms, after it could publish | p99 ratio | "+
 		"raw informer, synced after | its live p50 / p99 ms during its start | bridge / informer p99 |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
 		loadRate, loadDeletes, loadSteady))
 	rss0, heap0 := sample()
-	fmt.Fprintf(&b, "| 0 | %.1f | %.1f | %.1f | %.1f | - | - |\n", float64(rss0)/1024, heap0, float64(rss0)/1024, heap0)
-	points := []memPoint{{students: 0, rssPublishing: float64(rss0) / 1024, rssSteady: float64(rss0) / 1024, heapPublishing: heap0, heapSteady: heap0}}
+	fmt.Fprintf(&b, "| 0 | %.1f | %.1f | - | %.1f | %.1f | - | - | - | - | - |\n", float64(rss0)/1024, heap0, float64(rss0)/1024, heap0)
+	points := []memPoint{{students: 0, rssPublishing: float64(rss0) / 1024, rssSteady: float64(rss0) / 1024, rssAfterLimited: float64(rss0) / 1024,
+		rssLimited: float64(rss0) / 1024, heapPublishing: heap0, heapSteady: heap0}}
 	created := 0
 	deleted := map[string]bool{} // by the restarts under load
 	steady := map[int]int64{}
@@ -184,7 +218,8 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memP
 		if err != nil {
 			return "", nil, err
 		}
-		rssSteady, heapSteady := sample()
+		rssAfter, _ := sample()
+		rssSteady, heapSteady, settledIn := settled()
 		steady[n] = rssSteady
 		profile(pprofAddr, fmt.Sprintf("heap-%d-steady.pb.gz", n))
 		sync, err := informerSync(ctx, e, ns)
@@ -195,7 +230,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memP
 		// pays what any controller's start does (a new process, discovery,
 		// a heap that grows from nothing); alternating, restartReps of
 		// each, as one of each moves with the machine's noise.
-		restartsOf := []time.Duration{caughtUp}
+		restartsOf, catchUps := []time.Duration{caughtUp}, []time.Duration{catchUp}
 		var syncsOf []time.Duration
 		for i := range restartReps {
 			d, err := informerProcessSync(bins, ns)
@@ -206,12 +241,14 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memP
 			if i == restartReps-1 {
 				break
 			}
-			if _, d, _, err = idleRestart(); err != nil {
+			_, d, c, err := idleRestart()
+			if err != nil {
 				return "", nil, err
 			}
-			restartsOf = append(restartsOf, d)
+			restartsOf, catchUps = append(restartsOf, d), append(catchUps, c)
 		}
 		slices.Sort(restartsOf)
+		slices.Sort(catchUps)
 		slices.Sort(syncsOf)
 		var live []string
 		for i := range created {
@@ -219,10 +256,10 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memP
 				live = append(live, name)
 			}
 		}
-		fmt.Fprintf(&restarts, "| %d | %s | %s | %s | %s | %.2fx | %s | %.2fx |\n", len(live), rounded(ready), spreadAs(restartsOf, rounded), rounded(catchUp),
+		fmt.Fprintf(&restarts, "| %d | %s | %s | %s | %s | %.2fx | %s | %.2fx |\n", len(live), rounded(ready), spreadAs(restartsOf, rounded), spreadAs(catchUps, rounded),
 			spreadAs(syncsOf, rounded), median(restartsOf).Seconds()/median(syncsOf).Seconds(), rounded(sync), median(restartsOf).Seconds()/sync.Seconds())
 
-		row, gone, err := restartUnderLoad(ctx, e, ns, prefix, metrics, live, catchUp, stop, start)
+		row, gone, err := restartUnderLoad(ctx, e, bins, ns, prefix, metrics, live, median(catchUps), stop, start)
 		if err != nil {
 			return "", nil, err
 		}
@@ -236,10 +273,14 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memP
 		if _, _, _, err := idleRestart(); err != nil {
 			return "", nil, err
 		}
-		rssLimited, heapLimited := sample()
+		rssAfterLimited, _ := sample()
+		rssLimited, heapLimited, settledLimitedIn := settled()
 		steadyLimited[n] = rssLimited
-		fmt.Fprintf(&b, "| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", n, float64(rss)/1024, heap, float64(steady[n])/1024, heapSteady, float64(rssLimited)/1024, heapLimited)
-		points = append(points, memPoint{students: n, rssPublishing: float64(rss) / 1024, rssSteady: float64(steady[n]) / 1024, rssLimited: float64(rssLimited) / 1024,
+		fmt.Fprintf(&b, "| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %.1f | %.1f | %.1f | %s |\n", n, float64(rss)/1024, heap,
+			float64(rssAfter)/1024, float64(steady[n])/1024, heapSteady, settledIn,
+			float64(rssAfterLimited)/1024, float64(rssLimited)/1024, heapLimited, settledLimitedIn)
+		points = append(points, memPoint{students: n, rssPublishing: float64(rss) / 1024, rssSteady: float64(steady[n]) / 1024,
+			rssAfterLimited: float64(rssAfterLimited) / 1024, rssLimited: float64(rssLimited) / 1024,
 			heapPublishing: heap, heapSteady: heapSteady, restart: median(restartsOf), informer: median(syncsOf)})
 	}
 	lo, hi := counts[0], counts[len(counts)-1]
@@ -275,7 +316,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int) (string, []memP
 	if _, _, _, err = idleRestart(); err != nil {
 		return "", nil, err
 	}
-	rssSteadyR, heapSteadyR := sample()
+	rssSteadyR, heapSteadyR, _ := settled()
 	live := created - len(deleted)
 	fmt.Fprintf(&b, "\nWith two services' receipts for each of the %d Students (%d receipts): RSS %.1f MB, heap %.1f MB once read (%.1f MB, %.1f MB before); steady after a restart RSS %.1f MB, heap %.1f MB: %.2f KB RSS per Student more than without (steady).\n",
 		live, nReceipts, float64(rssReceipts)/1024, heapReceipts, float64(rssBefore)/1024, heapBefore, float64(rssSteadyR)/1024, heapSteadyR, float64(rssSteadyR-steady[hi])/float64(live))
@@ -309,7 +350,7 @@ const (
 // changes go on and reports a row of the table: the catch-up against idle
 // (the idle restart's), when the deletes were published and the live
 // changes' latency. It returns the Students it deleted.
-func restartUnderLoad(ctx context.Context, e *env, ns, prefix, metricsURL string, live []string, idle time.Duration,
+func restartUnderLoad(ctx context.Context, e *env, bins *binaries, ns, prefix, metricsURL string, live []string, idle time.Duration,
 	stop func(), start func() (ready, caughtUp, catchUp time.Duration, err error)) (string, []string, error) {
 	n := len(live)
 	doomed := min(loadDeletes, n/10)
@@ -390,9 +431,9 @@ func restartUnderLoad(ctx context.Context, e *env, ns, prefix, metricsURL string
 	}
 	publishing := time.Unix(0, int64(since*1e9))
 	time.Sleep(2 * time.Second)
-	// The reference: a raw informer starting under the same load. A
-	// change made while it lists waits for the list as well.
-	rawSynced, rawDuring, err := informerStartUnderLoad(ctx, e, ns)
+	// The reference: a raw informer starting as a process under the same
+	// load. A change made while it lists waits for the list as well.
+	rawSynced, rawDuring, err := informerProcessStartUnderLoad(bins, ns)
 	if err != nil {
 		return "", nil, err
 	}
@@ -454,51 +495,35 @@ func restartUnderLoad(ctx context.Context, e *env, ns, prefix, metricsURL string
 	return row, deleted, nil
 }
 
-// informerStartUnderLoad starts a raw informer on the Students of ns while
-// the load of restartUnderLoad changes them: how long until it synced, and
-// how long each change made from its start until then took to reach it
-// (the load writes a change's time into spec.school as "t<nanoseconds>").
-func informerStartUnderLoad(ctx context.Context, e *env, ns string) (time.Duration, []time.Duration, error) {
-	var mu sync.Mutex
-	seen := map[string]time.Duration{} // by change time: a change is seen once
+// informerProcessStartUnderLoad starts the raw informer as a process of
+// its own ("informer-sync"), as a restart would, while the load runs: how
+// long until its cache synced, and how long each change made from its
+// start until then took to reach it.
+func informerProcessStartUnderLoad(b *binaries, ns string) (time.Duration, []time.Duration, error) {
 	t0 := time.Now()
-	note := func(obj any) {
-		now := time.Now()
-		s, ok := obj.(*studentv1.Student)
-		if !ok || !strings.HasPrefix(s.Spec.School, "t") {
-			return
-		}
-		nanos, err := strconv.ParseInt(s.Spec.School[1:], 10, 64)
-		if err != nil || nanos < t0.UnixNano() {
-			return
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if _, ok := seen[s.Spec.School]; !ok {
-			seen[s.Spec.School] = now.Sub(time.Unix(0, nanos))
-		}
+	cmd := exec.Command(b.bench, "informer-sync", "-kubeconfig", b.config, "-namespace", ns, "-changes-since", strconv.FormatInt(t0.UnixNano(), 10))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var synced int64
+	if err == nil {
+		_, err = fmt.Sscanf(lines[0], "synced %d", &synced)
 	}
-	ictx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	synced, err := startInformer(ictx, e, ns, toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    note,
-		UpdateFunc: func(_, obj any) { note(obj) },
-	})
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, fmt.Errorf("informer-sync under load: %v, said %.200q", err, out)
 	}
-	time.Sleep(time.Second) // the changes made while it listed
-	mu.Lock()
-	defer mu.Unlock()
-	end := t0.Add(synced)
 	var during []time.Duration
-	for school, took := range seen {
-		if nanos, _ := strconv.ParseInt(school[1:], 10, 64); time.Unix(0, nanos).Before(end) {
-			during = append(during, took)
+	for _, line := range lines[1:] {
+		var change, seen int64
+		if _, err := fmt.Sscanf(line, "%d %d", &change, &seen); err != nil {
+			return 0, nil, fmt.Errorf("informer-sync under load: %q: %w", line, err)
+		}
+		if change < synced {
+			during = append(during, time.Duration(seen-change))
 		}
 	}
 	slices.Sort(during)
-	return synced, during, nil
+	return time.Duration(synced - t0.UnixNano()), during, nil
 }
 
 // informerProcessSync is how long the raw informer started as a process
@@ -516,31 +541,15 @@ func informerProcessSync(b *binaries, ns string) (time.Duration, error) {
 	return took, nil
 }
 
-// informerSync is how long a new informer takes to list and watch the
-// Students of ns until it has synced.
+// informerSync is how long the raw informer variant's cache, new in this
+// process, takes to list and watch the Students of ns until it synced.
 func informerSync(ctx context.Context, e *env, ns string) (time.Duration, error) {
-	ictx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	return startInformer(ictx, e, ns, nil)
-}
-
-// startInformer starts a new informer (a cache of its own) on the Students
-// of ns, with handler if not nil, and returns how long it took to sync; it
-// runs until ctx is done.
-func startInformer(ctx context.Context, e *env, ns string, handler toolscache.ResourceEventHandler) (time.Duration, error) {
 	t0 := time.Now()
-	c, err := cache.New(e.st.RestConfig, cache.Options{Scheme: e.st.Client.Scheme(), DefaultNamespaces: map[string]cache.Config{ns: {}}})
+	c, _, err := rawInformerCache(ctx, e.st.RestConfig, ns)
 	if err != nil {
 		return 0, err
-	}
-	inf, err := c.GetInformer(ctx, &studentv1.Student{})
-	if err != nil {
-		return 0, err
-	}
-	if handler != nil {
-		if _, err := inf.AddEventHandler(handler); err != nil {
-			return 0, err
-		}
 	}
 	go func() { _ = c.Start(ctx) }()
 	if !c.WaitForCacheSync(ctx) {

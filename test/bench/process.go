@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -19,9 +20,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	dto "github.com/prometheus/client_model/go"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stages"
 )
@@ -221,6 +224,8 @@ func informerSyncMain(args []string) int {
 	fs := flag.NewFlagSet("informer-sync", flag.ExitOnError)
 	kubeconfig := fs.String("kubeconfig", "", "kubeconfig of the API server")
 	ns := fs.String("namespace", "", "namespace of the Students")
+	since := fs.Int64("changes-since", 0, "If set (Unix ns), also say when the cache synced (\"synced <Unix ns>\"), then, a second later, when it first saw "+
+		"each change made since (a Student whose school is t<Unix ns of the change>): \"<change> <seen>\", one per line")
 	_ = fs.Parse(args)
 	restCfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err != nil {
@@ -231,18 +236,70 @@ func informerSyncMain(args []string) int {
 	defer cancel()
 	// The raw informer variant's cache, without its handler: nothing is
 	// published.
-	c, _, err := rawInformerCache(ctx, restCfg, *ns)
+	c, inf, err := rawInformerCache(ctx, restCfg, *ns)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "informer-sync:", err)
 		return 1
+	}
+	var seen changesSeen
+	if *since != 0 {
+		if _, err := inf.AddEventHandler(seen.handler(*since)); err != nil {
+			fmt.Fprintln(os.Stderr, "informer-sync:", err)
+			return 1
+		}
 	}
 	go func() { _ = c.Start(ctx) }()
 	if !c.WaitForCacheSync(ctx) {
 		fmt.Fprintln(os.Stderr, "informer-sync: the cache did not sync")
 		return 1
 	}
-	fmt.Println("synced")
+	if *since == 0 {
+		fmt.Println("synced")
+		return 0
+	}
+	fmt.Println("synced", time.Now().UnixNano())
+	time.Sleep(time.Second) // the changes made while it listed, by watch
+	for change, at := range seen.all() {
+		fmt.Println(change, at)
+	}
 	return 0
+}
+
+// changesSeen is when an informer first saw each change the benchmark's
+// load made (a Student whose school is t<Unix ns of the change>).
+type changesSeen struct {
+	mu   sync.Mutex
+	seen map[int64]int64 // change's Unix ns: first seen, Unix ns
+}
+
+// handler notes the changes made since (Unix ns).
+func (c *changesSeen) handler(since int64) toolscache.ResourceEventHandler {
+	note := func(obj any) {
+		now := time.Now().UnixNano()
+		s, ok := obj.(*studentv1.Student)
+		if !ok || !strings.HasPrefix(s.Spec.School, "t") {
+			return
+		}
+		change, err := strconv.ParseInt(s.Spec.School[1:], 10, 64)
+		if err != nil || change < since {
+			return
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.seen == nil {
+			c.seen = map[int64]int64{}
+		}
+		if _, ok := c.seen[change]; !ok {
+			c.seen[change] = now
+		}
+	}
+	return toolscache.ResourceEventHandlerFuncs{AddFunc: note, UpdateFunc: func(_, obj any) { note(obj) }}
+}
+
+func (c *changesSeen) all() map[int64]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.seen)
 }
 
 func stopProcs(ps []*proc) {
