@@ -345,6 +345,17 @@ const (
 	loadSteady  = 5 * time.Second
 )
 
+// changeSchool is the school a change of the load writes: the time it
+// was made, so that whoever sees it can tell how long it took.
+func changeSchool(at time.Time) string { return "t" + strconv.FormatInt(at.UnixNano(), 10) }
+
+// changeMadeAt is when the change that wrote school was made (Unix ns),
+// if the load wrote it.
+func changeMadeAt(school string) (int64, bool) {
+	at, err := strconv.ParseInt(strings.TrimPrefix(school, "t"), 10, 64)
+	return at, err == nil && strings.HasPrefix(school, "t")
+}
+
 // restartUnderLoad changes the Students live (all published) at loadRate
 // per second, stops the bridge, deletes some, starts it again while the
 // changes go on and reports a row of the table: the catch-up against idle
@@ -377,9 +388,9 @@ func restartUnderLoad(ctx context.Context, e *env, bins *binaries, ns, prefix, m
 		switch {
 		case strings.HasSuffix(r.Event.Type(), ".deleted") && gone[name]:
 			deletedAt[name] = now
-		case strings.HasPrefix(r.Data.Spec.School, "t"):
-			if nanos, err := strconv.ParseInt(r.Data.Spec.School[1:], 10, 64); err == nil {
-				samples = append(samples, sample{at: time.Unix(0, nanos), took: now})
+		default:
+			if at, ok := changeMadeAt(r.Data.Spec.School); ok {
+				samples = append(samples, sample{at: time.Unix(0, at), took: now})
 			}
 		}
 	})
@@ -401,7 +412,7 @@ func restartUnderLoad(ctx context.Context, e *env, bins *binaries, ns, prefix, m
 				return
 			case <-tick.C:
 			}
-			patch := fmt.Sprintf(`{"spec":{"school":"t%d"}}`, time.Now().UnixNano())
+			patch := fmt.Sprintf(`{"spec":{"school":%q}}`, changeSchool(time.Now()))
 			s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: names[i%len(names)]}}
 			_ = e.st.Client.Patch(loadCtx, s, client.RawPatch(types.MergePatchType, []byte(patch)))
 		}

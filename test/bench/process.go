@@ -277,11 +277,11 @@ func (c *changesSeen) handler(since int64) toolscache.ResourceEventHandler {
 	note := func(obj any) {
 		now := time.Now().UnixNano()
 		s, ok := obj.(*studentv1.Student)
-		if !ok || !strings.HasPrefix(s.Spec.School, "t") {
+		if !ok {
 			return
 		}
-		change, err := strconv.ParseInt(s.Spec.School[1:], 10, 64)
-		if err != nil || change < since {
+		change, ok := changeMadeAt(s.Spec.School)
+		if !ok || change < since {
 			return
 		}
 		c.mu.Lock()
