@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/version"
 )
 
 var binary string
@@ -134,5 +135,16 @@ func TestCommandsPeopleTypeSpeakPlainly(t *testing.T) {
 	out, _ = run(t, nil, "snapshot", "--nats-url", "nats://127.0.0.1:1", "--timeout", "1s", "--zap-log-level", "debug", "--zap-encoder", "json")
 	if !strings.Contains(out, `{"level"`) {
 		t.Errorf("--zap-encoder json was not honoured:\n%s", out)
+	}
+}
+
+// TestVersion: `student-bridge version` names the release of the source.
+func TestVersion(t *testing.T) {
+	out, err := run(t, nil, "version")
+	if err != nil {
+		t.Fatalf("version: %v\n%s", err, out)
+	}
+	if !strings.HasPrefix(out, "student-bridge "+version.Version+" (commit ") {
+		t.Errorf("version printed %q, want the release %s", out, version.Version)
 	}
 }

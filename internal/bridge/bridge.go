@@ -37,6 +37,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/natsconn"
 	"github.com/student-bridge/student-bridge/internal/scheme"
 	"github.com/student-bridge/student-bridge/internal/tracing"
+	"github.com/student-bridge/student-bridge/internal/version"
 	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
@@ -46,7 +47,7 @@ import (
 // cfg.ShutdownTimeout) before the NATS connection is drained.
 func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	log := ctrl.Log.WithName("bridge")
-	log.Info("starting", "nats", config.Redacted(cfg.NATS.URLs), "mode", cfg.NATS.Mode, "encoding", cfg.NATS.Encoding,
+	log.Info("starting", "version", version.Version, "commit", version.Commit, "nats", config.Redacted(cfg.NATS.URLs), "mode", cfg.NATS.Mode, "encoding", cfg.NATS.Encoding,
 		"stream", cfg.NATS.Stream.Name, "bucket", cfg.State.Bucket, "cluster", cfg.Cluster, "namespaces", cfg.Namespaces,
 		"leaderElection", cfg.LeaderElection.Enabled, "holdDeletesWithFinalizer", cfg.Deletes.HoldWithFinalizer)
 
