@@ -14,6 +14,14 @@ KUBE_APISERVER := $(BIN)/kube-apiserver
 ETCD           := $(BIN)/etcd
 KUBECTL        := $(BIN)/kubectl
 CONTROL_PLANE  := $(KUBE_APISERVER) $(ETCD) $(KUBECTL)
+# The test node: kubelet and its peers from the same k8s.io/kubernetes
+# build as kube-apiserver, containerd, CoreDNS, the images it runs.
+NODE_KUBE      := $(BIN)/kubelet $(BIN)/kube-scheduler $(BIN)/kube-controller-manager $(BIN)/kube-proxy
+CONTAINERD     := $(BIN)/containerd $(BIN)/containerd-shim-runc-v2 $(BIN)/ctr
+COREDNS        := $(BIN)/coredns
+OCIIMAGE       := $(BIN)/ociimage
+IMAGES         := $(BIN)/images
+NODE           := $(NODE_KUBE) $(CONTAINERD) $(COREDNS) $(IMAGES)/nats.tar $(IMAGES)/pause.tar
 HELM           := $(BIN)/helm
 PROMTOOL       := $(BIN)/promtool
 PROMETHEUS     := $(BIN)/prometheus
@@ -25,9 +33,24 @@ ifeq ($(origin KUBEBUILDER_ASSETS),undefined)
 KUBEBUILDER_ASSETS := $(BIN)
 TEST_DEPS := $(CONTROL_PLANE)
 endif
+# The node tier needs root; without it its tests skip and nothing of it is
+# built.
+ifeq ($(shell id -u),0)
+NODE_DEPS := $(NODE)
+endif
 export KUBEBUILDER_ASSETS
 
 TEST_FLAGS ?= -race -count=1 -timeout 30m
+
+# The release this source is (internal/version) and the commit it is built
+# from; both end up in the binary, the image's labels and its tag.
+VERSION := $(shell sed -n 's/^var Version = "\(.*\)"/\1/p' internal/version/version.go)
+COMMIT  ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+IMG     ?= student-bridge:$(VERSION)
+# The image's binary: static, without the local stack (-tags nodev). The
+# Dockerfile builds it with this same target, so the tests build what ships.
+IMAGE_BINARY := $(BIN)/image/student-bridge
+CA_ROOTS     ?= /etc/ssl/certs/ca-certificates.crt
 
 ##@ General
 
@@ -71,7 +94,7 @@ fmt: ## Run gofmt.
 	gofmt -l -w $$(git ls-files '*.go')
 
 # What may be at the repository root (DESIGN.md, "Layout").
-ROOT_LAYOUT := .ci .dockerignore .gitignore Dockerfile Makefile README.md api cmd configs consumer deploy docs examples go.mod go.sum hack internal reconciler sink test
+ROOT_LAYOUT := .ci .dockerignore .gitignore CHANGELOG.md Dockerfile Makefile README.md api cmd configs consumer deploy docs examples go.mod go.sum hack internal reconciler sink test
 
 .PHONY: vet
 vet: ## Run go vet; fail on unformatted Go files, tracked files over 1 MiB (a binary committed by mistake) and files at the root the layout does not name.
@@ -84,19 +107,31 @@ vet: ## Run go vet; fail on unformatted Go files, tracked files over 1 MiB (a bi
 build: ## Build bin/student-bridge.
 	$(GO) build -o $(BIN)/student-bridge ./cmd/student-bridge
 
+.PHONY: image-binary
+image-binary: ## Build the image's binary, as the Dockerfile does: static, -tags nodev, the commit in it.
+	CGO_ENABLED=0 GOOS=linux GOARCH=amd64 $(GO) build -tags nodev -trimpath \
+		-ldflags="-s -w -X github.com/student-bridge/student-bridge/internal/version.Commit=$(COMMIT)" \
+		-o $(IMAGE_BINARY) ./cmd/student-bridge
+
+.PHONY: image
+image: image-binary $(OCIIMAGE) ## Build the image $(IMG) as an archive, bin/images/student-bridge.tar, without a container engine.
+	$(OCIIMAGE) -out $(IMAGES)/student-bridge.tar -tag $(IMG) -entrypoint /student-bridge -user 65532:65532 \
+		-file $(IMAGE_BINARY):/student-bridge:0755 -file $(CA_ROOTS):/etc/ssl/certs/ca-certificates.crt:0644 \
+		-label org.opencontainers.image.title=student-bridge -label org.opencontainers.image.version=$(VERSION) \
+		-label org.opencontainers.image.revision=$(COMMIT)
+
 .PHONY: test
-test: verify-gen vet $(TEST_DEPS) $(HELM) $(PROMTOOL) $(PROMETHEUS) ## Check generated files, vet, and run every test with -race against a real kube-apiserver and NATS.
+test: verify-gen vet image $(TEST_DEPS) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(NODE_DEPS) ## Check generated files, vet, build the image, and run every test with -race against a real kube-apiserver and NATS (and a real node, as root).
 	$(GO) test $(TEST_FLAGS) ./...
 
 ##@ Deployment (needs a container engine and a cluster; not used by the tests)
 
-IMG ?= student-bridge:dev
 CONTAINER_TOOL ?= docker
 OVERLAY ?= default
 
 .PHONY: docker-build
 docker-build: ## Build the container image $(IMG).
-	$(CONTAINER_TOOL) build -t $(IMG) .
+	$(CONTAINER_TOOL) build --build-arg COMMIT=$(COMMIT) -t $(IMG) .
 
 .PHONY: deploy
 deploy: $(KUBECTL) ## Apply deploy/$(OVERLAY) (default, bridge-only or dev) with image $(IMG) to the current kubectl context.
@@ -115,16 +150,48 @@ bench: $(TEST_DEPS) ## Run the end-to-end benchmark (hours with the defaults: na
 ##@ Tools (built from the Go module proxy into bin/, once)
 
 .PHONY: tools
-tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) ## Build controller-gen, kube-apiserver, etcd, kubectl, helm, promtool and prometheus.
+tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(NODE) ## Build controller-gen, kube-apiserver, etcd, kubectl, helm, promtool, prometheus and the test node's parts.
 
 $(CONTROLLER_GEN): $(TOOLS)/go.mod
 	cd $(TOOLS) && GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen
 
 # kube-apiserver, etcd and kubectl come from k8s.io/kubernetes and etcd's
 # server module; this takes several minutes the first time.
-$(KUBE_APISERVER) $(KUBECTL) $(ETCD) &: $(TOOLS)/go.mod
-	cd $(TOOLS) && $(GO) build -o $(BIN)/ k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./cmd/etcd
-	touch $(KUBE_APISERVER) $(KUBECTL) $(ETCD)
+# The test node's kubelet, scheduler, controller-manager and kube-proxy are
+# built in the same go build: they share most of the compile.
+$(KUBE_APISERVER) $(KUBECTL) $(ETCD) $(NODE_KUBE) &: $(TOOLS)/go.mod
+	cd $(TOOLS) && $(GO) build -o $(BIN)/ k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./cmd/etcd \
+		k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-proxy
+	touch $(KUBE_APISERVER) $(KUBECTL) $(ETCD) $(NODE_KUBE)
+
+# containerd and CoreDNS have modules of their own (their k8s.io versions
+# differ from kube-apiserver's). runc and the CNI plugins come from Debian
+# (.ci/run installs them).
+$(CONTAINERD) &: $(TOOLS)/containerd/go.mod
+	cd $(TOOLS)/containerd && CGO_ENABLED=0 $(GO) build -tags no_btrfs,no_devmapper,no_zfs -o $(BIN)/ \
+		github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr
+	touch $(CONTAINERD)
+
+$(COREDNS): $(TOOLS)/coredns/go.mod $(TOOLS)/coredns/main.go
+	cd $(TOOLS)/coredns && $(GO) build -o $(COREDNS) .
+
+$(OCIIMAGE): hack/ociimage/go.mod hack/ociimage/main.go
+	cd hack/ociimage && $(GO) build -o $(OCIIMAGE) .
+
+# The images the manifests name, for the test node: nats-server from the
+# version the tests embed, under the name deploy/nats gives it, and the pod
+# sandbox's pause program.
+$(IMAGES)/nats.tar: go.mod $(OCIIMAGE)
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/image/nats-server github.com/nats-io/nats-server/v2
+	$(OCIIMAGE) -out $@ -tag $$(sed -n 's/^ *image: \(nats:.*\)/\1/p' deploy/nats/statefulset.yaml) -entrypoint /nats-server -user 1000:1000 \
+		-file $(BIN)/image/nats-server:/nats-server:0755
+
+$(IMAGES)/pause.tar: hack/ociimage/pause/main.go $(OCIIMAGE)
+	cd hack/ociimage && CGO_ENABLED=0 $(GO) build -o $(BIN)/image/pause ./pause
+	$(OCIIMAGE) -out $@ -tag student-bridge.test/pause:1 -entrypoint /pause -user 65535:65535 -file $(BIN)/image/pause:/pause:0755
+
+.PHONY: node
+node: $(NODE) $(CONTROL_PLANE) ## Build the test node's parts: kubelet, scheduler, controller-manager, kube-proxy, containerd, CoreDNS and its images.
 
 # helm has a module of its own (its k8s.io versions differ from
 # kube-apiserver's); only the chart tests need it, so `make run` never waits

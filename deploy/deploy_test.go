@@ -23,6 +23,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
+	"github.com/student-bridge/student-bridge/internal/version"
 )
 
 var (
@@ -260,5 +261,45 @@ func TestConfigMapLoads(t *testing.T) {
 		if !strings.Contains(strings.Join(c.Args, " "), "--config=/etc/student-bridge/config/student-bridge.yaml") {
 			t.Errorf("deploy/%s does not load the ConfigMap: args %v", overlay, c.Args)
 		}
+	}
+}
+
+// TestVersionsAgree: the release named in the binary (internal/version),
+// the chart's appVersion (the image tag the chart deploys) and CHANGELOG.md's
+// newest section are one version.
+func TestVersionsAgree(t *testing.T) {
+	chart, err := os.ReadFile(filepath.Join(stack.RepoRoot(), "deploy/helm/student-bridge/Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(chart, []byte("\nappVersion: "+version.Version+"\n")) {
+		t.Errorf("Chart.yaml's appVersion is not %s", version.Version)
+	}
+	changelog, err := os.ReadFile(filepath.Join(stack.RepoRoot(), "CHANGELOG.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, _ := bytes.Cut(changelog, []byte("\n## "))
+	if !bytes.HasPrefix(after, []byte(version.Version+" ")) {
+		t.Errorf("CHANGELOG.md's newest section is not %s: %.40q", version.Version, after)
+	}
+}
+
+// TestDockerfileBuildsTheTestedBinary: the Dockerfile builds its binary
+// with the Makefile's image-binary target, the build `make test` runs, so
+// the image's flags and tags cannot drift from what is tested.
+func TestDockerfileBuildsTheTestedBinary(t *testing.T) {
+	df, err := os.ReadFile(filepath.Join(stack.RepoRoot(), "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var builds []string
+	for _, line := range strings.Split(string(df), "\n") {
+		if strings.HasPrefix(line, "RUN ") && strings.Contains(line, "build") {
+			builds = append(builds, line)
+		}
+	}
+	if len(builds) != 1 || !strings.HasPrefix(builds[0], "RUN make image-binary ") {
+		t.Errorf("the Dockerfile's build steps are %q, want one: RUN make image-binary ...", builds)
 	}
 }
