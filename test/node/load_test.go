@@ -1,0 +1,283 @@
+package node_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
+)
+
+// load changes Students from outside the cluster (the API server's
+// client, as any user's) at a steady rate, and times each change until a
+// reader of the cluster's stream saw an event carrying it.
+type load struct {
+	ns   string
+	rate int
+
+	mu     sync.Mutex
+	writes map[string][]write // by Student name
+	seen   map[string][]seen  // by Student name
+	live   []string
+	next   int
+	errs   []error
+
+	stop, done chan struct{}
+	started    time.Time
+	sub        jetstream.ConsumeContext
+}
+
+// write is one change the load made: a create or update (its generation)
+// or a delete (generation 0).
+type write struct {
+	gen int64
+	at  time.Time
+}
+
+// seen is one event the reader received.
+type seen struct {
+	gen     int64
+	deleted bool
+	at      time.Time
+}
+
+// startLoad starts rate changes a second in a new namespace and a reader
+// of the stream through nc.
+func startLoad(t *testing.T, nc *nats.Conn, rate int) *load {
+	t.Helper()
+	l := &load{rate: rate, writes: map[string][]write{}, seen: map[string][]seen{}, stop: make(chan struct{}), done: make(chan struct{})}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "load-"}}
+	if err := nd.c.Create(context.Background(), ns); err != nil {
+		t.Fatal(err)
+	}
+	l.ns = ns.Name
+	// The stream, read as a service reads it (an ordered consumer from
+	// now on): a core subscription would miss what is published while its
+	// connection moves off a NATS pod the fault removed.
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cons, err := js.OrderedConsumer(ctx, "STUDENTS", jetstream.OrderedConsumerConfig{FilterSubjects: []string{"student.*"}, DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.sub, err = cons.Consume(func(msg jetstream.Msg) {
+		at := time.Now()
+		r, err := stacktest.Decode(&nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()})
+		if err != nil || r.Data.Metadata.Namespace != l.ns {
+			return
+		}
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		name := r.Data.Metadata.Name
+		l.seen[name] = append(l.seen[name], seen{gen: r.Data.Metadata.Generation, deleted: r.Event.Type() == studentv1.EventTypeDeleted, at: at})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go l.run()
+	return l
+}
+
+// run makes a change every 1/rate seconds, up to 16 at once, so that the
+// API server's latency does not lower the rate.
+func (l *load) run() {
+	var wg sync.WaitGroup
+	defer func() {
+		wg.Wait()
+		close(l.done)
+	}()
+	sem := make(chan struct{}, 16)
+	tick := time.NewTicker(time.Second / time.Duration(l.rate))
+	defer tick.Stop()
+	l.started = time.Now()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-tick.C:
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			continue // 16 in flight: the API server is the bound
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			if err := l.change(); err != nil {
+				l.mu.Lock()
+				l.errs = append(l.errs, err)
+				l.mu.Unlock()
+			}
+		}()
+	}
+}
+
+// change makes one change: a create while fewer than 40 Students live (or
+// a quarter of the time), else an update (twice as often) or a delete.
+func (l *load) change() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l.mu.Lock()
+	r := rand.Float64()
+	var op, name string
+	switch {
+	case len(l.live) < 40 || r < 0.25:
+		op, name = "create", fmt.Sprintf("s-%05d", l.next)
+		l.next++
+	case r < 0.75:
+		op, name = "update", l.live[rand.IntN(len(l.live))]
+	default:
+		i := rand.IntN(len(l.live))
+		op, name = "delete", l.live[i]
+		l.live = append(l.live[:i], l.live[i+1:]...)
+	}
+	l.mu.Unlock()
+	s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: l.ns, Name: name}}
+	var gen int64
+	switch op {
+	case "create":
+		s.Spec = studentv1.StudentSpec{Name: name, School: "school-0"}
+		if err := nd.c.Create(ctx, s); err != nil {
+			return fmt.Errorf("create %s: %w", name, err)
+		}
+		gen = s.Generation
+	case "update":
+		if err := nd.c.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
+			return client.IgnoreNotFound(err) // deleted by a change in flight
+		}
+		s.Spec.School = fmt.Sprintf("school-%d", s.Generation)
+		if err := nd.c.Update(ctx, s); err != nil {
+			// A concurrent change or the bridge's finalizer write in
+			// between, or deleted: the update did not happen.
+			if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+				return nil
+			}
+			return fmt.Errorf("update %s: %w", name, err)
+		}
+		gen = s.Generation
+	case "delete":
+		if err := nd.c.Delete(ctx, s); err != nil {
+			return fmt.Errorf("delete %s: %w", name, err)
+		}
+		gen = 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.writes[name] = append(l.writes[name], write{gen: gen, at: time.Now()})
+	if op == "create" {
+		l.live = append(l.live, name)
+	}
+	return nil
+}
+
+// result is what a load saw: the changes it made, their rate, and the
+// longest wait of one for its event, with the slowest few.
+type result struct {
+	changes int
+	rate    float64
+	longest time.Duration
+	slowest []string
+}
+
+// finish stops the load and waits until every change made was seen, up to
+// timeout. A change's wait runs from its write's return to the first event
+// carrying it (its generation or a later one, or the delete).
+func (l *load) finish(t *testing.T, timeout time.Duration) result {
+	t.Helper()
+	close(l.stop)
+	<-l.done
+	took := time.Since(l.started)
+	type wait struct {
+		what string
+		d    time.Duration
+	}
+	var waits []wait
+	err := stacktest.Eventually(timeout, func() error {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		waits = waits[:0]
+		var missing []string
+		for name, ws := range l.writes {
+			for _, w := range ws {
+				at, ok := l.covered(name, w)
+				if !ok {
+					missing = append(missing, fmt.Sprintf("%s gen %d", name, w.gen))
+					continue
+				}
+				waits = append(waits, wait{fmt.Sprintf("%s gen %d", name, w.gen), at.Sub(w.at)})
+			}
+		}
+		if len(missing) > 0 {
+			sort.Strings(missing)
+			return fmt.Errorf("%d changes not seen in the stream, e.g. %v", len(missing), missing[:min(5, len(missing))])
+		}
+		return nil
+	})
+	l.sub.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	if len(l.errs) > 0 {
+		t.Errorf("%d of the load's writes failed, e.g. %v", len(l.errs), l.errs[0])
+	}
+	l.mu.Unlock()
+	if len(waits) == 0 {
+		t.Fatal("the load made no change")
+	}
+	sort.Slice(waits, func(i, j int) bool { return waits[i].d > waits[j].d })
+	r := result{changes: len(waits), rate: float64(len(waits)) / took.Seconds(), longest: waits[0].d}
+	for _, w := range waits[:min(3, len(waits))] {
+		r.slowest = append(r.slowest, fmt.Sprintf("%s %.2fs", w.what, w.d.Seconds()))
+	}
+	return r
+}
+
+// covered returns when the first event carrying w arrived.
+func (l *load) covered(name string, w write) (time.Time, bool) {
+	for _, s := range l.seen[name] {
+		if (w.gen == 0 && s.deleted) || (w.gen > 0 && (s.gen >= w.gen || s.deleted) && s.at.After(w.at.Add(-time.Minute))) {
+			return s.at, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// verifyClean runs `student-bridge verify` (the image's binary, from the
+// host) against the cluster's API server and NATS, and fails t on any
+// finding.
+func verifyClean(t *testing.T, s secrets) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(nd.bin, "image", "student-bridge"), "verify", "--settle", "5s")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+nd.kubeconfig,
+		"STUDENT_BRIDGE_NATS_URLS="+strings.Replace(natsURL(t, "x", "y"), "x:y@", "", 1),
+		"STUDENT_BRIDGE_NATS_AUTH_USER=consumer", "STUDENT_BRIDGE_NATS_AUTH_PASSWORD="+s.consumer)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("student-bridge verify: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "no findings") {
+		t.Fatalf("student-bridge verify exited 0 without saying it found nothing:\n%s", out)
+	}
+}
