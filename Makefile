@@ -21,7 +21,7 @@ CONTAINERD     := $(BIN)/containerd $(BIN)/containerd-shim-runc-v2 $(BIN)/ctr
 COREDNS        := $(BIN)/coredns
 OCIIMAGE       := $(BIN)/ociimage
 IMAGES         := $(BIN)/images
-NODE           := $(NODE_KUBE) $(CONTAINERD) $(COREDNS) $(IMAGES)/nats.tar $(IMAGES)/pause.tar
+NODE           := $(NODE_KUBE) $(CONTAINERD) $(COREDNS) $(IMAGES)/nats.tar $(IMAGES)/pause.tar $(IMAGES)/student-bridge-previous.tar
 HELM           := $(BIN)/helm
 PROMTOOL       := $(BIN)/promtool
 PROMETHEUS     := $(BIN)/prometheus
@@ -189,6 +189,11 @@ $(IMAGES)/nats.tar: go.mod $(OCIIMAGE)
 $(IMAGES)/pause.tar: hack/ociimage/pause/main.go $(OCIIMAGE)
 	cd hack/ociimage && CGO_ENABLED=0 $(GO) build -o $(BIN)/image/pause ./pause
 	$(OCIIMAGE) -out $@ -tag student-bridge.test/pause:1 -entrypoint /pause -user 65535:65535 -file $(BIN)/image/pause:/pause:0755
+
+# The previous release, for the upgrade test: its tree (and chart) in
+# bin/previous/src, its image tagged student-bridge:previous.
+$(IMAGES)/student-bridge-previous.tar: hack/previous-release.sh $(OCIIMAGE)
+	hack/previous-release.sh
 
 .PHONY: node
 node: $(NODE) $(CONTROL_PLANE) ## Build the test node's parts: kubelet, scheduler, controller-manager, kube-proxy, containerd, CoreDNS and its images.

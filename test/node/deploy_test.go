@@ -74,13 +74,22 @@ func randomHex(t *testing.T) string {
 // the node has no provisioner.
 func installDefault(t *testing.T) secrets {
 	t.Helper()
+	s := prepareNamespace(t)
+	makeTarget(t, "deploy", "OVERLAY=default", "IMG=student-bridge:"+version.Version)
+	return s
+}
+
+// prepareNamespace makes what docs/deploy.md has a user make before
+// either install: the namespace under restricted Pod Security and the
+// Secret with the NATS passwords; and local volumes for NATS's claims.
+func prepareNamespace(t *testing.T) secrets {
+	t.Helper()
 	s := secrets{randomHex(t), randomHex(t), randomHex(t)}
 	kubectl(t, nil, "create", "namespace", systemNS)
 	kubectl(t, nil, "label", "namespace", systemNS, "pod-security.kubernetes.io/enforce=restricted")
 	kubectl(t, nil, "-n", systemNS, "create", "secret", "generic", "student-bridge-nats",
 		"--from-literal=bridge-password="+s.bridge, "--from-literal=consumer-password="+s.consumer, "--from-literal=roster-password="+s.roster)
 	makeLocalVolumes(t, 3)
-	makeTarget(t, "deploy", "OVERLAY=default", "IMG=student-bridge:"+version.Version)
 	return s
 }
 
@@ -202,6 +211,11 @@ func connectNATS(t *testing.T, url string) *nats.Conn {
 	return nc
 }
 
+// natsSet is deploy/nats's StatefulSet.
+func natsSet() client.Object {
+	return &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: systemNS, Name: "nats"}}
+}
+
 // installed holds the passwords of deploy/default once a test installed
 // it; the tests after it use the same installation.
 var installed *secrets
@@ -214,7 +228,7 @@ func defaultInstalled(t *testing.T) secrets {
 		return *installed
 	}
 	s := installDefault(t)
-	natsTook := waitReady(t, &appsv1.StatefulSet{ObjectMeta: metav1.ObjectMeta{Namespace: systemNS, Name: "nats"}}, 3*time.Minute)
+	natsTook := waitReady(t, natsSet(), 3*time.Minute)
 	bridgeTook := waitReady(t, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: systemNS, Name: "student-bridge"}}, 3*time.Minute)
 	t.Logf("deploy/default: the NATS StatefulSet Ready in %.1fs, the bridge's Deployment %.1fs after", natsTook.Seconds(), bridgeTook.Seconds())
 	installed = &s

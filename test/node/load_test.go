@@ -43,6 +43,10 @@ type load struct {
 	sub        jetstream.ConsumeContext
 }
 
+// testNamespaces are the namespaces tests made Students in, removed with
+// the bridge's installation.
+var testNamespaces []string
+
 // write is one change the load made: a create or update (its generation)
 // or a delete (generation 0).
 type write struct {
@@ -67,6 +71,7 @@ func startLoad(t *testing.T, nc *nats.Conn, rate int) *load {
 		t.Fatal(err)
 	}
 	l.ns = ns.Name
+	testNamespaces = append(testNamespaces, ns.Name)
 	// The stream, read as a service reads it (an ordered consumer from
 	// now on): a core subscription would miss what is published while its
 	// connection moves off a NATS pod the fault removed.
@@ -98,7 +103,7 @@ func startLoad(t *testing.T, nc *nats.Conn, rate int) *load {
 	return l
 }
 
-// run makes a change every 1/rate seconds, up to 16 at once, so that the
+// run makes a change every 1/rate seconds, up to 64 at once, so that the
 // API server's latency does not lower the rate.
 func (l *load) run() {
 	var wg sync.WaitGroup
@@ -106,7 +111,7 @@ func (l *load) run() {
 		wg.Wait()
 		close(l.done)
 	}()
-	sem := make(chan struct{}, 16)
+	sem := make(chan struct{}, 64)
 	tick := time.NewTicker(time.Second / time.Duration(l.rate))
 	defer tick.Stop()
 	l.started = time.Now()
@@ -119,7 +124,7 @@ func (l *load) run() {
 		select {
 		case sem <- struct{}{}:
 		default:
-			continue // 16 in flight: the API server is the bound
+			continue // 64 in flight: the API server is the bound
 		}
 		wg.Add(1)
 		go func() {

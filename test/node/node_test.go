@@ -94,10 +94,10 @@ func canRun(bin string) string {
 	if err := syscall.Access("/sys/fs/cgroup/memory", 2); err != nil {
 		return "needs writable cgroup v1 hierarchies: /sys/fs/cgroup/memory: " + err.Error()
 	}
-	for _, f := range []string{"kubelet", "kube-proxy", "kube-scheduler", "kube-controller-manager", "containerd", "containerd-shim-runc-v2", "ctr", "coredns", "kubectl",
-		"images/student-bridge.tar", "images/nats.tar", "images/pause.tar"} {
+	for _, f := range []string{"kubelet", "kube-proxy", "kube-scheduler", "kube-controller-manager", "containerd", "containerd-shim-runc-v2", "ctr", "coredns", "kubectl", "helm",
+		"images/student-bridge.tar", "images/nats.tar", "images/pause.tar", "images/student-bridge-previous.tar", "previous/src/deploy/helm/student-bridge/Chart.yaml"} {
 		if _, err := os.Stat(filepath.Join(bin, f)); err != nil {
-			return "bin/" + f + " is missing (make image node)"
+			return "bin/" + f + " is missing (make tools image builds it)"
 		}
 	}
 	for _, f := range []string{"/usr/bin/runc", "/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/lib/cni/loopback"} {
@@ -418,7 +418,7 @@ state = %[2]q
 	if err := waitFor(30*time.Second, func() error { _, err := os.Stat(n.containerdSock()); return err }); err != nil {
 		return err
 	}
-	for _, img := range []string{"pause", "nats", "student-bridge"} {
+	for _, img := range []string{"pause", "nats", "student-bridge", "student-bridge-previous"} {
 		if err := n.importImage(filepath.Join(n.bin, "images", img+".tar")); err != nil {
 			return err
 		}
