@@ -295,7 +295,7 @@ func TestDockerfileBuildsTheTestedBinary(t *testing.T) {
 	}
 	var builds []string
 	for _, line := range strings.Split(string(df), "\n") {
-		if strings.HasPrefix(line, "RUN ") && strings.Contains(line, "build") {
+		if strings.HasPrefix(line, "RUN ") && (strings.Contains(line, "go build") || strings.Contains(line, "make ")) {
 			builds = append(builds, line)
 		}
 	}
