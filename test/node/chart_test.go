@@ -170,18 +170,19 @@ func TestHelmUpgradeUnderLoad(t *testing.T) {
 	removeNamespaceAndNATS(t)
 }
 
-// uninstallDefault removes deploy/default as a user without Helm does:
-// the bridge's Deployment goes, then `student-bridge release-finalizers`
-// (run by hand with the bridge's settings) frees the Students, then the
-// namespace with NATS.
+// uninstallDefault removes deploy/default as docs/deploy.md says: the
+// bridge's Deployment goes, `student-bridge release-finalizers` (run by
+// hand with the bridge's shard count) frees the Students, then `make
+// undeploy` removes the rest, the CRD with the Students included.
 func uninstallDefault(t *testing.T) {
 	t.Helper()
 	kubectl(t, nil, "-n", systemNS, "delete", "deployment", "student-bridge", "--wait=true")
-	cmd := exec.Command(filepath.Join(nd.bin, "image", "student-bridge"), "release-finalizers", "--wait", "2m", "--leader-election-namespace", systemNS)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+nd.kubeconfig, "STUDENT_BRIDGE_SHARDS_COUNT=16")
+	cmd := exec.Command(filepath.Join(nd.bin, "image", "student-bridge"), "release-finalizers", "--shards", "16", "--wait", "2m", "--leader-election-namespace", systemNS)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+nd.kubeconfig)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("release-finalizers: %v\n%s", err, out)
 	}
+	makeTarget(t, "undeploy", "OVERLAY=default")
 	removeNamespaceAndNATS(t)
 	installed = nil
 }

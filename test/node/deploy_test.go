@@ -6,10 +6,12 @@ import (
 	"crypto/tls"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -299,6 +301,7 @@ func TestDefaultOverlay(t *testing.T) {
 	kubectl(t, nil, "delete", "stu", "object-name", "--timeout=60s")
 	waitEvent(studentv1.EventTypeDeleted, "tsinghua")
 	checkProbes(t)
+	checkBuildInfo(t)
 	var st studentv1.StudentList
 	if err := nd.c.List(context.Background(), &st, client.InNamespace("default")); err != nil || len(st.Items) != 0 {
 		t.Errorf("Students left after the delete: %d (%v)", len(st.Items), err)
@@ -364,4 +367,33 @@ func checkProbes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// checkBuildInfo reads each bridge pod's metrics port, as a Prometheus
+// on the pod network would, for the release it runs.
+func checkBuildInfo(t *testing.T) {
+	t.Helper()
+	want := fmt.Sprintf(`student_bridge_build_info{commit=%q,goversion=%q,version=%q} 1`, imageCommit(t), runtime.Version(), version.Version)
+	for _, p := range podsOf(t, "student-bridge") {
+		resp, err := http.Get("http://" + p.Status.PodIP + ":8080/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), want) {
+			t.Errorf("pod %s's metrics lack %s", p.Name, want)
+		}
+	}
+}
+
+// imageCommit is the commit the image's label names, the one make put in
+// the binary.
+func imageCommit(t *testing.T) string {
+	t.Helper()
+	_, cfg, _, _ := imageArchive(t, filepath.Join(nd.bin, "images/student-bridge.tar"))
+	return cfg.Config.Labels["org.opencontainers.image.revision"]
 }

@@ -72,6 +72,13 @@ func startLoad(t *testing.T, nc *nats.Conn, rate int) *load {
 	}
 	l.ns = ns.Name
 	testNamespaces = append(testNamespaces, ns.Name)
+	// The CRD may be moments old (helm install): wait until this client's
+	// discovery knows Students, or the first creates fail.
+	if err := stacktest.Eventually(time.Minute, func() error {
+		return nd.c.List(context.Background(), &studentv1.StudentList{}, client.InNamespace(l.ns))
+	}); err != nil {
+		t.Fatal(err)
+	}
 	// The stream, read as a service reads it (an ordered consumer from
 	// now on): a core subscription would miss what is published while its
 	// connection moves off a NATS pod the fault removed.

@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -387,6 +388,9 @@ state = %[2]q
   # root here lacks CAP_SYS_RESOURCE: without this, runc cannot lower a
   # container's oom_score_adj and every sandbox fails to start.
   restrict_oom_score_adj = true
+  # The pods' network namespaces under the state directory, not
+  # /run/netns: teardown finds what a killed run left.
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
@@ -394,9 +398,6 @@ state = %[2]q
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         BinaryName = "/usr/bin/runc"
         SystemdCgroup = false
-  # The pods' network namespaces under the state directory, not
-  # /run/netns: teardown finds what a killed run left.
-  netns_mounts_under_state_dir = true
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = ["/usr/lib/cni"]
     conf_dir = %[4]q
@@ -676,6 +677,15 @@ func cleanupStale() {
 	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
 	killProcsUnder(dirs)
 	unmountUnder(dirs)
+	// The pods' veths: deleting the host end deletes the pair, even where
+	// something still pins the pod's network namespace.
+	if out, err := run("ip", "-o", "link", "show", "master", bridgeName); err == nil {
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			if f := strings.Fields(line); len(f) > 1 {
+				_, _ = run("ip", "link", "del", strings.SplitN(strings.TrimSuffix(f[1], ":"), "@", 2)[0])
+			}
+		}
+	}
 	_, _ = run("ip", "link", "del", bridgeName)
 	if _, err := run("iptables", "-w", "-D", "FORWARD", "-j", iptablesChain); err == nil {
 		_, _ = run("iptables", "-w", "-F", iptablesChain)
@@ -695,33 +705,31 @@ func cleanupStale() {
 }
 
 // killProcsUnder kills every process whose command line names one of dirs
-// (containerd's shims, pods' processes run from their rootfs, and the node's
-// own processes).
+// (the node's own processes, containerd's shims) and every process in a
+// cgroup kubelet made for pods (kubepods), which outlives a killed shim.
 func killProcsUnder(dirs []string) {
-	if len(dirs) == 0 {
-		return
-	}
 	entries, _ := os.ReadDir("/proc")
 	self := fmt.Sprint(os.Getpid())
+	killed := false
 	for _, e := range entries {
-		if e.Name() == self {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || e.Name() == self {
 			continue
 		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		root, _ := os.Readlink(filepath.Join("/proc", e.Name(), "root"))
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		cgroups, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		kill := bytes.Contains(cgroups, []byte(":/kubepods"))
 		for _, d := range dirs {
-			if bytes.Contains(cmdline, []byte(d)) || strings.HasPrefix(root, d) {
-				var pid int
-				fmt.Sscan(e.Name(), &pid)
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-				break
-			}
+			kill = kill || bytes.Contains(cmdline, []byte(d))
+		}
+		if kill {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			killed = true
 		}
 	}
-	time.Sleep(500 * time.Millisecond)
+	if killed {
+		time.Sleep(time.Second)
+	}
 }
 
 // unmountUnder detaches every mount below dirs, the deepest first.
