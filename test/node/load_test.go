@@ -72,10 +72,12 @@ func startLoad(t *testing.T, nc *nats.Conn, rate int) *load {
 	}
 	l.ns = ns.Name
 	testNamespaces = append(testNamespaces, ns.Name)
-	// The CRD may be moments old (helm install): wait until this client's
-	// discovery knows Students, or the first creates fail.
+	// The CRD may be moments old (helm install): until the API server's
+	// admission (the finalizer policy) knows the kind, creates fail with
+	// 503. Wait for a dry-run create to pass it.
 	if err := stacktest.Eventually(time.Minute, func() error {
-		return nd.c.List(context.Background(), &studentv1.StudentList{}, client.InNamespace(l.ns))
+		probe := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: l.ns, Name: "probe"}, Spec: studentv1.StudentSpec{Name: "probe", School: "probe"}}
+		return nd.c.Create(context.Background(), probe, client.DryRunAll)
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -264,6 +266,25 @@ func (l *load) finish(t *testing.T, timeout time.Duration) result {
 		r.slowest = append(r.slowest, fmt.Sprintf("%s %.2fs", w.what, w.d.Seconds()))
 	}
 	return r
+}
+
+// finishClean lets the load run 3 s more after what (a fault, an upgrade)
+// was over in took, then stops it and fails t unless every change reached
+// the stream at 50 changes a second or more, none waited past maxWait, and
+// verify finds nothing.
+func (l *load) finishClean(t *testing.T, s secrets, what string, took time.Duration) {
+	t.Helper()
+	time.Sleep(3 * time.Second)
+	r := l.finish(t, 3*time.Minute)
+	verifyClean(t, s)
+	t.Logf("%s in %.1fs; %d changes at %.0f/s, the longest wait for an event %.2fs (slowest: %v)",
+		what, took.Seconds(), r.changes, r.rate, r.longest.Seconds(), r.slowest)
+	if r.rate < 50 {
+		t.Errorf("the load made %.0f changes a second, under the 50 it is promised under", r.rate)
+	}
+	if r.longest > maxWait {
+		t.Errorf("a change waited %.1fs for its event, over the shard Lease's %s and the retry (%s)", r.longest.Seconds(), leaseDuration, maxWait)
+	}
 }
 
 // covered returns when the first event carrying w arrived.
