@@ -17,22 +17,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/version"
 )
 
-// helm runs bin/helm against the node from the repository root.
+// helm runs bin/helm against the node.
 func helm(t *testing.T, args ...string) string {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(nd.bin, "helm"), args...)
-	cmd.Dir = stack.RepoRoot()
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+nd.kubeconfig)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out)
+	return userCommand(t, nil, filepath.Join(nd.bin, "helm"), args...)
 }
 
 // bridgeImages is the set of images the bridge's Ready pods run.

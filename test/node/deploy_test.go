@@ -33,30 +33,31 @@ import (
 
 const systemNS = "student-bridge-system"
 
-// kubectl runs bin/kubectl against the node, from the repository root, as
-// a user types it.
-func kubectl(t *testing.T, env []string, args ...string) string {
+// userCommand runs a command as a user at the repository root types it,
+// with KUBECONFIG naming the node, and fails t unless it succeeds.
+func userCommand(t *testing.T, env []string, name string, args ...string) string {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(nd.bin, "kubectl"), args...)
+	cmd := exec.Command(name, args...)
 	cmd.Dir = stack.RepoRoot()
 	cmd.Env = append(os.Environ(), append([]string{"KUBECONFIG=" + nd.kubeconfig}, env...)...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+		t.Fatalf("%s %s: %v\n%s", filepath.Base(name), strings.Join(args, " "), err, out)
 	}
 	return string(out)
+}
+
+// kubectl runs bin/kubectl against the node.
+func kubectl(t *testing.T, env []string, args ...string) string {
+	t.Helper()
+	return userCommand(t, env, filepath.Join(nd.bin, "kubectl"), args...)
 }
 
 // makeTarget runs a target of the Makefile against the node, as
 // docs/deploy.md has a user run it.
 func makeTarget(t *testing.T, args ...string) {
 	t.Helper()
-	cmd := exec.Command("make", append([]string{"--no-print-directory"}, args...)...)
-	cmd.Dir = stack.RepoRoot()
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+nd.kubeconfig)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("make %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
+	userCommand(t, nil, "make", append([]string{"--no-print-directory"}, args...)...)
 }
 
 // secrets are the NATS passwords the Secret student-bridge-nats holds.
