@@ -19,7 +19,7 @@ import (
 
 // loadRate is the changes a second the load aims at; the faults are
 // promised under 50 a second, and the load's measured rate is checked
-// against that (updates a concurrent change beat are not counted).
+// against that (updates of a Student deleted meanwhile are not counted).
 const loadRate = 75
 
 // A change waits at most for a lost holder's shard Lease to expire
