@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -568,12 +569,39 @@ func TestMirrorCountsAGap(t *testing.T) {
 	if err := stream.DeleteMsg(ctx, 3); err != nil { // x's update to beijing
 		t.Fatal(err)
 	}
-	m, _ = w.mirror(t, "gaps", rec.handle)
+	m, stop = w.mirror(t, "gaps", rec.handle)
 	if got := waitSame(t, w.ns, m); got[string(x.UID)] != "x=shanghai" {
 		t.Errorf("mirror holds %q for x, want its newest state", got[string(x.UID)])
 	}
 	if n := m.Gaps(); n != 1 {
 		t.Errorf("the mirror counted %d gaps, want 1", n)
+	}
+	w.waitAcked(t, "gaps", 4)
+	stop()
+
+	// A snapshot carries the number of the Student's last change: x's
+	// update to wuhan (its number 4) leaves the stream, so the snapshot
+	// that follows, numbered 4 too, is one above the last change the
+	// mirror read (3). y's snapshot, numbered as its created event, is no
+	// gap.
+	bridgetest.Patch(t, st.Client, x.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = "wuhan" })
+	w.waitSequences(t, 1, 5)
+	if err := stream.DeleteMsg(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	body, _ := json.Marshal(studentv1.SnapshotRequest{Namespace: w.ns})
+	if _, err := w.nc.Request(w.cfg.Snapshot.RequestSubject, body, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	w.waitSequences(t, 1, 7)
+	m, _ = w.mirror(t, "gaps", rec.handle)
+	if got := waitSame(t, w.ns, m); got[string(x.UID)] != "x=wuhan" {
+		t.Errorf("mirror holds %q for x, want its state in the snapshot", got[string(x.UID)])
+	}
+	// The rebuild reads the stream from its start again: the first gap
+	// (x's 1 to 3) and the snapshot's (x's 3 to 4).
+	if n := m.Gaps(); n != 2 {
+		t.Errorf("the mirror counted %d gaps, want 2: the deleted update, and the snapshot one above the last change read", n)
 	}
 }
 

@@ -2,6 +2,7 @@ package verify_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,7 +23,7 @@ func student(uid, school string, gen int64) studentv1.Student {
 
 func event(seq uint64, typ, id string, s studentv1.Student, number int64, previous string) verify.Event {
 	return verify.Event{StreamSequence: seq, ID: id, Type: typ, Sequence: number, PreviousID: previous,
-		Data: studentv1.StudentEventData{Metadata: studentv1.EventObjectMeta{Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Generation: s.Generation}, Spec: s.Spec}}
+		Data: studentv1.StudentEventData{Metadata: studentv1.EventObjectMeta{Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Generation: s.Generation, Labels: s.Labels}, Spec: s.Spec}}
 }
 
 func record(s studentv1.Student, typ, id string, number int64, pending bool) studentv1.StudentRecord {
@@ -56,6 +57,11 @@ func TestCheck(t *testing.T) {
 		st: verify.State{FirstSequence: 1, Students: []studentv1.Student{a2}, RecordsRead: true,
 			Events: []verify.Event{event(1, created, "a1", a1, 1, "")}, Records: []studentv1.StudentRecord{record(a2, updated, "a2", 2, false)}},
 		want: []string{"missing a", "stale record a"},
+	}, {
+		name: "a label changed and not published: same spec and generation, other labels",
+		st: verify.State{FirstSequence: 1, Students: []studentv1.Student{labelled(a1, "grade", "2")},
+			Events: []verify.Event{event(1, created, "a1", labelled(a1, "grade", "1"), 1, "")}},
+		want: []string{"missing a"},
 	}, {
 		name: "gone, and its first event's record pending: the catch-up publishes the delete",
 		st: verify.State{FirstSequence: 1, RecordsRead: true,
@@ -107,6 +113,16 @@ func TestCheck(t *testing.T) {
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("findings %q, want %q (%+v)", got, tc.want, r.Findings)
 			}
+			// Every kind but unknown is drift (verify's exit status 1).
+			drift := 0
+			for _, w := range tc.want {
+				if !strings.HasPrefix(w, string(verify.Unknown)+" ") {
+					drift++
+				}
+			}
+			if n := len(r.Drift()); n != drift || (drift == 0) != (r.Err() == nil) {
+				t.Errorf("%d findings are drift (error %v), want %d", n, r.Err(), drift)
+			}
 		})
 	}
 }
@@ -115,5 +131,10 @@ func held(s studentv1.Student) studentv1.Student {
 	now := metav1.Now()
 	s.DeletionTimestamp = &now
 	s.Finalizers = []string{"example.com/other"}
+	return s
+}
+
+func labelled(s studentv1.Student, key, value string) studentv1.Student {
+	s.Labels = map[string]string{key: value}
 	return s
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -101,6 +102,29 @@ func TestVerifyCommand(t *testing.T) {
 	out, code = runVerify(t, "--kubeconfig", w.admin, "--nats-url", "nats://127.0.0.1:1", "--nats-connect-timeout", "1s")
 	if code != 2 {
 		t.Errorf("verify without NATS: exit %d, want 2\n%s", code, out)
+	}
+
+	// Every event purged (as the stream's limits age them out): the
+	// Students that are left have no event, which is not drift unless
+	// --strict; the lost delete's events went too.
+	js, err := jetstream.New(w.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(context.Background(), w.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Purge(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	out, code = runVerify(t, flags...)
+	if code != 0 || !strings.Contains(out, "unknown") || !strings.Contains(out, "no drift") {
+		t.Errorf("verify with every event aged out: exit %d, want 0 and unknown findings\n%s", code, out)
+	}
+	out, code = runVerify(t, append(flags, "--strict")...)
+	if code != 1 || !strings.Contains(out, "missing") {
+		t.Errorf("verify --strict with every event aged out: exit %d, want 1 and missing findings\n%s", code, out)
 	}
 }
 
