@@ -2,6 +2,7 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
@@ -24,6 +25,12 @@ var (
 		Name: "student_bridge_events_published_total",
 		Help: "CloudEvents the bridge tried to publish, by CloudEvent type and result (success, duplicate: the stream already had the id, error).",
 	}, []string{"type", "result"})
+
+	publishErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "student_bridge_publish_errors_total",
+		Help: "Publishes that failed, by reason: unavailable (the cluster cannot store now: an election, no quorum, a copy in flight), " +
+			"not_connected, rejected (the broker refused: a full stream, no stream for the subject, permissions), too_large, closed, other. All are retried but too_large.",
+	}, []string{"reason"})
 
 	publishLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "student_bridge_publish_duration_seconds",
@@ -56,7 +63,7 @@ const (
 var Stages = []string{StageQueue, StageWriteAhead, StagePublish, StageRecord, StageFinalizer, StageStatus, StageKubernetesEvent}
 
 func init() {
-	metrics.Registry.MustRegister(eventsPublished, publishLatency, stageLatency)
+	metrics.Registry.MustRegister(eventsPublished, publishErrors, publishLatency, stageLatency)
 	// Every series an alert or the dashboard reads is exported from the
 	// start, at 0: a rate over a series that appears only with its first
 	// error would miss that error.
@@ -65,9 +72,36 @@ func init() {
 			eventsPublished.WithLabelValues(typ, result)
 		}
 	}
+	for _, r := range errorReasons {
+		publishErrors.WithLabelValues(r.reason)
+	}
 	for _, s := range Stages {
 		stageLatency.WithLabelValues(s) // every stage exported from the start, at 0
 	}
+}
+
+// errorReasons name the sink's errors in student_bridge_publish_errors_total;
+// anything else is "other".
+var errorReasons = []struct {
+	err    error
+	reason string
+}{
+	{sink.ErrUnavailable, "unavailable"},
+	{sink.ErrNotConnected, "not_connected"},
+	{sink.ErrRejected, "rejected"},
+	{sink.ErrTooLarge, "too_large"},
+	{sink.ErrClosed, "closed"},
+	{nil, "other"},
+}
+
+// ErrorReason is the reason label err is counted under.
+func ErrorReason(err error) string {
+	for _, r := range errorReasons {
+		if r.err == nil || errors.Is(err, r.err) {
+			return r.reason
+		}
+	}
+	return "other"
 }
 
 // ObserveStage records that something spent d in stage.
@@ -92,6 +126,7 @@ func send(ctx context.Context, s sink.Sink, ev cloudevents.Event) (sink.Receipt,
 	switch {
 	case err != nil:
 		result = resultError
+		publishErrors.WithLabelValues(ErrorReason(err)).Inc()
 	case receipt.Duplicate:
 		result = resultDuplicate
 	}

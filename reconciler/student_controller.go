@@ -413,7 +413,7 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 
 	if err := r.Records.Flush(ctx); err != nil {
 		err = fmt.Errorf("the record store holds back %d record(s); publishing nothing new: %w", r.Records.Unsaved(), err)
-		r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, studentv1.ReasonPublishFailed, "Publish", "%v", err)
+		r.warn(ctx, stu, err, "%v", err)
 		return r.failed(key, err)
 	}
 	if !known {
@@ -421,7 +421,7 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		pending.Pending = true
 		if err := r.save(ctx, StageWriteAhead, pending); err != nil {
 			err = fmt.Errorf("record %s %s before it goes out: %w", typ, ev.ID(), err)
-			r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, failureReason(err), "Publish", "%v", err)
+			r.warn(ctx, stu, err, "%v", err)
 			return r.failed(key, terminalIfInvalid(err))
 		}
 	}
@@ -430,7 +430,7 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 	receipt, err := send(sendCtx, r.Sink, ev)
 	endSpan(sendSpan, err)
 	if err != nil {
-		r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, failureReason(err), "Publish", "publishing %s (id %s) failed: %v", typ, ev.ID(), err)
+		r.warn(ctx, stu, err, "publishing %s (id %s) failed: %v", typ, ev.ID(), err)
 		return r.failed(key, terminalIfInvalid(fmt.Errorf("publish %s %s: %w", typ, ev.ID(), err)))
 	}
 	log.FromContext(ctx).V(1).Info("published", "type", typ, "id", ev.ID(), "subject", receipt.Subject, "sequence", receipt.Sequence, "duplicate", receipt.Duplicate)
@@ -447,6 +447,19 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 	}
 	r.failures.Delete(key)
 	return nil
+}
+
+// warn records a Warning Event on stu for a publish (or its record) that
+// failed with err. A cluster that cannot store for a moment (an election,
+// a lost quorum: sink.ErrUnavailable) is no fault of the Student's or a
+// refusal of the broker's: it is logged, counted and shown in the status,
+// and retried, without a Warning Event.
+func (r *StudentReconciler) warn(ctx context.Context, stu *studentv1.Student, err error, format string, args ...any) {
+	if errors.Is(err, sink.ErrUnavailable) {
+		log.FromContext(ctx).Info("NATS cannot store now; retrying", "reason", err.Error())
+		return
+	}
+	r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, failureReason(err), "Publish", format, args...)
 }
 
 // save writes rec to the record store, timed as stage.

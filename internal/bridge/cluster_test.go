@@ -3,18 +3,23 @@ package bridge_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/verify"
+	"github.com/student-bridge/student-bridge/sink"
 )
 
 // clusterFault is one fault of TestClusterFaults: inject strikes, reacted
@@ -221,8 +226,31 @@ func testClusterFault(t *testing.T, f clusterFault) {
 	t1 := time.Now()
 	heal()
 	stacktest.WaitFor(t, "the stream telling the truth about every Student", agrees)
-	t.Logf("fault report: %s (stream leader %s, bridge connected to %s) for %s while 55 Students changed: lost 0, duplicates 0, out of order 0; everything published %s after it healed; publishes failed and retried meanwhile: %v",
-		f.name, fault.leader, fault.connected, struck.Round(100*time.Millisecond), time.Since(t1).Round(100*time.Millisecond), publishErrors(t)-failed)
+	after := publishErrors(t)
+	byReason := map[string]float64{}
+	for reason, n := range after {
+		if d := n - failed[reason]; d > 0 {
+			byReason[reason] = d
+		}
+	}
+	t.Logf("fault report: %s (stream leader %s, bridge connected to %s) for %s while 55 Students changed: lost 0, duplicates 0, out of order 0; everything published %s after it healed; publishes failed and retried meanwhile, by reason: %v",
+		f.name, fault.leader, fault.connected, struck.Round(100*time.Millisecond), time.Since(t1).Round(100*time.Millisecond), byReason)
+	// A fault of the cluster is its state for a while: no publish may be
+	// counted as the broker refusing the event, or as an error of no kind.
+	if byReason["rejected"] > 0 || byReason["other"] > 0 {
+		t.Errorf("%s: publishes counted as rejected or unclassified: %v", f.name, byReason)
+	}
+	// Nor is it a Warning Event on a Student.
+	var events eventsv1.EventList
+	if err := st.Client.List(ctx, &events, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events.Items {
+		if e.Type == corev1.EventTypeWarning && (strings.Contains(e.Note, sink.ErrUnavailable.Error()) || strings.Contains(e.Note, sink.ErrRejected.Error())) {
+			t.Errorf("%s: a Warning Event on %s: %s", f.name, e.Regarding.Name, e.Note)
+			break
+		}
+	}
 }
 
 // onCluster points cfg at a three-node cluster of the test's own, the
@@ -286,10 +314,15 @@ func connectedTo(c *stack.NATSCluster, name string) string {
 	return ""
 }
 
-// publishErrors is how many publishes failed in this test binary so far.
-func publishErrors(t *testing.T) float64 {
+// publishErrors is how many publishes failed in this test binary so far,
+// by reason.
+func publishErrors(t *testing.T) map[string]float64 {
 	t.Helper()
-	return counter(t, "student_bridge_events_published_total", map[string]string{"result": "error"})
+	out := map[string]float64{}
+	for _, reason := range []string{"unavailable", "not_connected", "rejected", "too_large", "closed", "other"} {
+		out[reason] = counter(t, "student_bridge_publish_errors_total", map[string]string{"reason": reason})
+	}
+	return out
 }
 
 // streamAgrees is `student-bridge verify` with no grace: the stream, the

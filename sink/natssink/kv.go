@@ -312,12 +312,18 @@ func (s *KV) classify(op string, err error) error {
 		return fmt.Errorf("%w: %s: %w", sink.ErrConflict, op, err)
 	case errors.Is(err, nats.ErrMaxPayload):
 		return fmt.Errorf("%w: %s: %w", sink.ErrTooLarge, op, err)
+	case isUnavailable(err):
+		return fmt.Errorf("%w: %s: %w", sink.ErrUnavailable, op, err)
 	case errors.As(err, &apiErr):
 		return fmt.Errorf("%w: %s: %w", sink.ErrRejected, op, err)
 	case errors.Is(err, nats.ErrConnectionClosed):
 		return fmt.Errorf("%w: %s: %w", sink.ErrClosed, op, err)
 	case !s.nc.IsConnected():
 		return fmt.Errorf("%w: %s: %w", sink.ErrNotConnected, op, err)
+	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders), errors.Is(err, context.DeadlineExceeded):
+		// The bucket's stream exists (it was made or found at the start):
+		// its leader is out of reach.
+		return fmt.Errorf("%w: %s: the bucket's stream did not answer (its leader is out of reach: an election, or no quorum): %w", sink.ErrUnavailable, op, err)
 	}
 	return fmt.Errorf("record store: %s: %w", op, err)
 }

@@ -322,3 +322,55 @@ func TestEnsureStreamNeverChangesAnExistingStream(t *testing.T) {
 		t.Errorf("created stream config %+v", c)
 	}
 }
+
+// TestPublishToAStreamWithoutLeaderIsUnavailable: on a three-node cluster
+// whose stream's one replica is on a server that is down, a publish gets
+// no answer from any stream. The stream exists and captures the subject,
+// so that is the cluster's state for now (unavailable, retried), not the
+// broker's refusal, which TestPublishWithoutStreamIsRejected shows.
+func TestPublishToAStreamWithoutLeaderIsUnavailable(t *testing.T) {
+	ctx := context.Background()
+	c, err := stack.StartNATSCluster(3, stack.NATSClusterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Stop)
+	admin, err := nats.Connect(c.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(admin.Close)
+	js, err := jetstream.New(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "STUDENTS", Subjects: []string{"student.>"}, Storage: jetstream.MemoryStorage, Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := s.CachedInfo().Cluster.Leader
+	// The publisher is on another server, which stays up with the third.
+	var other *stack.NATS
+	for _, srv := range c.Servers {
+		if srv.Server.Name() != leader {
+			other = srv
+			break
+		}
+	}
+	nc, err := nats.Connect(other.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if _, err := c.Kill(leader); err != nil {
+		t.Fatal(err)
+	}
+	p, err := natssink.NewPublisher(nc, natssink.Config{Layout: layout(t), Stream: "STUDENTS", AckTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.Publish(ctx, testEvent(t, "io.k8s.example.student.created", "x", nil))
+	if !errors.Is(err, sink.ErrUnavailable) {
+		t.Errorf("the stream's one replica down: err %v, want ErrUnavailable", err)
+	}
+}

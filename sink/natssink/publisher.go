@@ -156,24 +156,50 @@ func (p *Publisher) connected() error {
 // stored or refused.
 var errCodesUnavailable = []jetstream.ErrorCode{10008, 10163, 10158}
 
+// isUnavailable reports whether err is JetStream saying it cannot store
+// now but may in a moment.
+func isUnavailable(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && slices.Contains(errCodesUnavailable, apiErr.ErrorCode)
+}
+
 // classify wraps err with the sink sentinel that says what the caller can do.
 func (p *Publisher) classify(subject string, err error) error {
 	var apiErr *jetstream.APIError
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload):
 		return fmt.Errorf("%w: publish %s: %w", sink.ErrTooLarge, subject, err)
-	case errors.As(err, &apiErr) && slices.Contains(errCodesUnavailable, apiErr.ErrorCode):
+	case isUnavailable(err):
 		return fmt.Errorf("%w: publish %s: %w", sink.ErrUnavailable, subject, err)
 	case errors.As(err, &apiErr):
 		return fmt.Errorf("%w: publish %s: %w", sink.ErrRejected, subject, err)
 	case errors.Is(err, nats.ErrConnectionClosed):
 		return fmt.Errorf("%w: publish %s: %w", sink.ErrClosed, subject, err)
-	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders):
-		return fmt.Errorf("%w: publish %s: no stream answered (none captures the subject, or its leader is out of reach): %w", sink.ErrRejected, subject, err)
 	case !p.nc.IsConnected(), errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, nats.ErrConnectionReconnecting):
 		return fmt.Errorf("%w: publish %s: %w", sink.ErrNotConnected, subject, err)
+	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders), errors.Is(err, context.DeadlineExceeded):
+		// No answer at all, or none within the ack timeout.
+		return p.noStreamAnswered(subject, err)
 	}
 	return fmt.Errorf("publish %s: %w", subject, err)
+}
+
+// noStreamAnswered tells the two reasons a publish gets no answer from a
+// stream apart by asking JetStream which stream captures the subject: none
+// (a rejection: retrying does not help until someone makes one), or one
+// whose leader is out of reach (an election, a lost quorum: unavailable
+// for a moment). When JetStream cannot say either, it is unavailable too.
+func (p *Publisher) noStreamAnswered(subject string, err error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.AckTimeout)
+	defer cancel()
+	stream, lookupErr := p.js.StreamNameBySubject(ctx, subject)
+	switch {
+	case errors.Is(lookupErr, jetstream.ErrStreamNotFound):
+		return fmt.Errorf("%w: publish %s: no stream captures the subject: %w", sink.ErrRejected, subject, err)
+	case lookupErr != nil:
+		return fmt.Errorf("%w: publish %s: no stream answered, and JetStream could not say which captures the subject (%v): %w", sink.ErrUnavailable, subject, lookupErr, err)
+	}
+	return fmt.Errorf("%w: publish %s: stream %s captures the subject but did not answer (its leader is out of reach: an election, or no quorum): %w", sink.ErrUnavailable, subject, stream, err)
 }
 
 func headerSize(msg *nats.Msg) int {

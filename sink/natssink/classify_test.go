@@ -1,0 +1,49 @@
+package natssink_test
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/student-bridge/student-bridge/sink"
+	"github.com/student-bridge/student-bridge/sink/natssink"
+)
+
+// TestClassify: each error JetStream answers a publish or a record write
+// with is named for what the caller can do. The API errors are the
+// server's own (code and description as nats-server sends them).
+func TestClassify(t *testing.T) {
+	_, nc := server(t, nil)
+	p, err := natssink.NewPublisher(nc, natssink.Config{Layout: layout(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiErr := func(code jetstream.ErrorCode, status int, description string) error {
+		return fmt.Errorf("publish: %w", &jetstream.APIError{Code: status, ErrorCode: code, Description: description})
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want error
+	}{
+		{"JetStream without a meta leader", apiErr(10008, 503, "JetStream system temporarily unavailable"), sink.ErrUnavailable},
+		{"expected sequences not known yet (a new leader)", apiErr(10163, 503, "expected last sequence per subject temporarily unavailable"), sink.ErrUnavailable},
+		{"an earlier copy of the event in flight", apiErr(10158, 409, "duplicate message id is in process"), sink.ErrUnavailable},
+		{"a full stream that discards new", apiErr(10077, 503, "maximum messages exceeded"), sink.ErrRejected},
+		{"a wrong expected stream", apiErr(10060, 400, "expected stream does not match"), sink.ErrRejected},
+		{"too large for the server", nats.ErrMaxPayload, sink.ErrTooLarge},
+		{"a closed connection", nats.ErrConnectionClosed, sink.ErrClosed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := p.Classify("student.created", tc.err); !errors.Is(got, tc.want) {
+				t.Errorf("publish: %v, want %v", got, tc.want)
+			}
+			if got := natssink.ClassifyRecordError(nc, "put k", tc.err); !errors.Is(got, tc.want) {
+				t.Errorf("record write: %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
