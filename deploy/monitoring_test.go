@@ -16,6 +16,9 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -153,6 +156,33 @@ func TestMonitoringMetricsExist(t *testing.T) {
 		cfg.Services.Expected = []string{"roster"}
 		cfg.MetricsAddr = metricsAddr
 	})
+	// Before anything happened, every series an alert takes a rate or an
+	// increase of is there at 0: over a series that appears with its
+	// first sample, they would miss that sample (the first error).
+	stacktest.WaitFor(t, "every series the alerts rate exported from the start", func() error {
+		families, err := scrape(metricsAddr)
+		if err != nil {
+			return err
+		}
+		var missing []string
+		rated := 0
+		for _, a := range alertRules(t) {
+			for _, sel := range selector.FindAllStringSubmatch(a.Expr, -1) {
+				rated++
+				if !hasSeries(families[sel[1]], sel[2]) {
+					missing = append(missing, sel[0])
+				}
+			}
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("not exported before the first change: %v", missing)
+		}
+		if rated < 2 {
+			return fmt.Errorf("found %d rates in the alerts, want the publish errors and the dropped Kubernetes Events", rated)
+		}
+		return nil
+	})
+
 	stu := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: w.Namespace, Name: "wang"}, Spec: studentv1.StudentSpec{Name: "wang", School: "china"}}
 	if err := st.Client.Create(context.Background(), stu); err != nil {
 		t.Fatal(err)
@@ -187,6 +217,45 @@ func TestMonitoringMetricsExist(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// selector finds the rate or increase of a metric of the bridge's, and its
+// label matchers (only "=" ones: the alerts use no other), in an
+// expression.
+var selector = regexp.MustCompile(`(?:rate|increase)\(((?:student_bridge|workqueue)_[a-z_]+)(?:\{([^}]*)\})?\[`)
+
+var matcher = regexp.MustCompile(`(\w+)="([^"]*)"`)
+
+// hasSeries reports whether f has a series with every label of matchers.
+func hasSeries(f *dto.MetricFamily, matchers string) bool {
+	if f == nil {
+		return false
+	}
+	for _, m := range f.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		ok := true
+		for _, kv := range matcher.FindAllStringSubmatch(matchers, -1) {
+			ok = ok && labels[kv[1]] == kv[2]
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
+// scrape reads what Prometheus would from addr's /metrics.
+func scrape(addr string) (map[string]*dto.MetricFamily, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	return parser.TextToMetricFamilies(resp.Body)
 }
 
 // TestChartMonitoring: with alerts.enabled and dashboard.enabled the chart

@@ -250,4 +250,16 @@ func TestScopeExit(t *testing.T) {
 	if got[2].Event.Type() != studentv1.EventTypeCreated || got[2].Event.ID() == first.Event.ID() {
 		t.Errorf("coming back published %s id %s, want created with a new id (first was %s)", got[2].Event.Type(), got[2].Event.ID(), first.Event.ID())
 	}
+	// Its count goes on: no number is used twice, and each event names the
+	// one before it.
+	for i, e := range got {
+		seq := e.Event.Extensions()[studentv1.ExtensionSequence]
+		if n, ok := studentv1.ParseSequence(seq); !ok || n != int64(i+1) {
+			t.Errorf("event %d (%s) carries sequence %v, want %d", i+1, e.Event.Type(), seq, i+1)
+		}
+		prev, _ := e.Event.Extensions()[studentv1.ExtensionPreviousID].(string)
+		if i > 0 && prev != got[i-1].Event.ID() {
+			t.Errorf("event %d (%s) names %q as the one before it, want %s", i+1, e.Event.Type(), prev, got[i-1].Event.ID())
+		}
+	}
 }

@@ -177,3 +177,60 @@ func mustRaw(t *testing.T, stream jetstream.Stream, seq uint64) []byte {
 	}
 	return raw.Data
 }
+
+// settleHook starts work (a bridge) the first time verify says it checks
+// again, and returns once that work is done: what the first reading found
+// is published before the second reading.
+type settleHook struct {
+	work func()
+	done bool
+}
+
+func (h *settleHook) Write(b []byte) (int, error) {
+	if !h.done && bytes.Contains(b, []byte("checking again")) {
+		h.done = true
+		h.work()
+	}
+	return len(b), nil
+}
+
+// TestVerifySettleReadsAgain: a change the first reading finds unpublished
+// (the bridge was stopped) and that is published during --settle is not
+// reported: the sources are read again after the wait.
+func TestVerifySettleReadsAgain(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "settle")
+	stop := startBridge(t, cfg)
+	nc := natsConn(t)
+	if err := st.Client.Create(ctx, newStudent(ns, "a", "a", "china")); err != nil {
+		t.Fatal(err)
+	}
+	waitStream(t, nc, cfg.NATS.Stream.Name, 1)
+	stop()
+	bridgetest.Patch(t, st.Client, getStudent(t, ns, "a"), func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
+
+	src := verifySource(cfg, nc)
+	first, err := verify.Verify(ctx, src, verify.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Count(verify.Missing) != 1 {
+		t.Fatalf("with the bridge stopped, findings %+v, want a missing update", first.Findings)
+	}
+	hook := &settleHook{work: func() {
+		startBridge(t, cfg)
+		waitStream(t, nc, cfg.NATS.Stream.Name, 2)
+	}}
+	src.Progress = hook
+	r, err := verify.Verify(ctx, src, verify.Options{Settle: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !hook.done {
+		t.Fatal("verify did not check again")
+	}
+	if err := r.Err(); err != nil || r.Events != 2 {
+		t.Errorf("verify --settle reported a change published during the wait (%d events read): %v", r.Events, err)
+	}
+}
