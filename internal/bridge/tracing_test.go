@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -111,10 +112,26 @@ func testTrace(t *testing.T, enc string) {
 		t.Fatal(err)
 	}
 
-	evs := waitStream(t, nc, cfg.NATS.Stream.Name, 1)
+	// A second Student, of another trace, that the service fails on.
+	failedTrace := randomHex(t, 16)
+	refused := newStudent(ns, "refused", "li", "china")
+	refused.Annotations = map[string]string{studentv1.TraceContextAnnotation: fmt.Sprintf("00-%s-%s-01", failedTrace, randomHex(t, 8))}
+	if err := st.Client.Create(ctx, refused); err != nil {
+		t.Fatal(err)
+	}
+
+	evs := waitStream(t, nc, cfg.NATS.Stream.Name, 2)
+	if evs[0].Data.Metadata.Name != "traced" {
+		evs[0], evs[1] = evs[1], evs[0]
+	}
 	m, err := consumer.NewMirror(nc, consumer.MirrorOptions{Service: "roster", Stream: cfg.NATS.Stream.Name, Subjects: cfg.NATS.SubjectPrefix + ".>",
 		ReceiptsBucket: cfg.Receipts.Bucket, SnapshotSubject: consumer.NoSnapshots, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Handler: func(context.Context, consumer.Change) error { return nil }})
+		Handler: func(_ context.Context, c consumer.Change) error {
+			if c.Name == "refused" {
+				return errors.New("the roster is full")
+			}
+			return nil
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,6 +190,15 @@ func testTrace(t *testing.T, enc string) {
 		s := getStudent(t, ns, "traced")
 		if len(s.Status.Services) != 1 || s.Status.Services[0].TraceID != traceID {
 			return fmt.Errorf("status.services %+v, want roster with trace id %s", s.Status.Services, traceID)
+		}
+		// A failure names the handling's trace too: it is what the
+		// operator looks up.
+		e, err = receipts.Get(ctx, studentv1.ReceiptKey("roster", string(refused.UID)))
+		if err != nil {
+			return err
+		}
+		if r, err := studentv1.ParseReceipt(e.Key(), e.Value()); err != nil || r.Result != studentv1.ResultFailed || r.TraceID != failedTrace {
+			return fmt.Errorf("the failed change's receipt %+v (%v), want failed with trace id %s", r, err, failedTrace)
 		}
 		return nil
 	})
