@@ -286,16 +286,34 @@ func TestGainedShardReconcilesOnlyWhatChanged(t *testing.T) {
 	}
 }
 
-// TestEventsBudgetIsTheWholeBridges: kubernetesEventsQPS is what all
-// replicas together write: two replicas holding two of four shards each
-// write at most its share each, so a backlog of Events drains at the
-// budget, not at twice it.
-func TestEventsBudgetIsTheWholeBridges(t *testing.T) {
+// TestBudgetsAreTheWholeBridges: kubernetesEventsQPS and status.qps are
+// what all replicas together write: two replicas holding two of four
+// shards each write at most their share each, so a backlog of Events or
+// of status views drains at the budget, not at twice it.
+func TestBudgetsAreTheWholeBridges(t *testing.T) {
+	t.Run("kubernetesEventsQPS", func(t *testing.T) {
+		testBudget(t, "student_bridge_kubernetes_events_total", "written", func(cfg *config.Config) *float64 {
+			cfg.Status.Enabled = false
+			return &cfg.KubernetesEventsQPS
+		})
+	})
+	t.Run("status.qps", func(t *testing.T) {
+		testBudget(t, "student_bridge_status_writes_total", "success", func(cfg *config.Config) *float64 {
+			cfg.KubernetesEventsQPS = 1000
+			return &cfg.Status.QPS
+		})
+	})
+}
+
+// testBudget sets the budget budget returns to 4 a second, makes 80
+// Students, and counts what two replicas write in 3 s: counter's series
+// of result.
+func testBudget(t *testing.T, counter, result string, budget func(*config.Config) *float64) {
 	ctx := context.Background()
 	ns := newNamespace(t)
 	cfg := shardedConfig(t, ns, "budget")
-	cfg.KubernetesEventsQPS = 4
-	cfg.Status.Enabled = false
+	qps := budget(cfg)
+	*qps = 4
 	a, b := *cfg, *cfg
 	startBridge(t, &a)
 	startBridge(t, &b)
@@ -306,9 +324,9 @@ func TestEventsBudgetIsTheWholeBridges(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitStream(t, natsConn(t), cfg.NATS.Stream.Name, n) // 80 Events queued, most not written yet
+	waitStream(t, natsConn(t), cfg.NATS.Stream.Name, n) // 80 writes waiting, most not made yet
 	written := func() float64 {
-		v, err := stacktest.Counter("student_bridge_kubernetes_events_total", "result", "written")
+		v, err := stacktest.Counter(counter, "result", result)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -318,11 +336,11 @@ func TestEventsBudgetIsTheWholeBridges(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	got, elapsed := written()-before, time.Since(t0)
 	// The budget and a burst of each replica's share.
-	if limit := cfg.KubernetesEventsQPS*elapsed.Seconds() + 2*2; got > limit {
-		t.Errorf("two replicas wrote %v Kubernetes Events in %s with kubernetesEventsQPS %v, want at most %.0f", got, elapsed.Round(time.Millisecond), cfg.KubernetesEventsQPS, limit)
+	if limit := *qps*elapsed.Seconds() + 2*2; got > limit {
+		t.Errorf("two replicas wrote %v in %s on a budget of %v a second, want at most %.0f", got, elapsed.Round(time.Millisecond), *qps, limit)
 	}
 	if got == 0 {
-		t.Error("no Kubernetes Event written while 80 waited")
+		t.Error("nothing written while 80 waited")
 	}
 }
 
