@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,5 +91,42 @@ func TestGetReadsItsOwnWrites(t *testing.T) {
 	}
 	if _, err := reader.Get(ctx, "k"); !errors.Is(err, sink.ErrNotFound) {
 		t.Errorf("deleted key: %v, want not found", err)
+	}
+}
+
+// TestMoverCountsWritesNotReads: the connection moves once no write
+// succeeded for the Mover's time, however many reads succeeded meanwhile:
+// a stream leader cut off from its quorum still answers reads until it
+// steps down, so an answered read is no sign of a working cluster.
+func TestMoverCountsWritesNotReads(t *testing.T) {
+	ctx := context.Background()
+	_, nc := server(t, nil)
+	const after = 300 * time.Millisecond
+	mover := natssink.NewMover(nc, after)
+	kv, err := natssink.EnsureBucket(ctx, nc, natssink.BucketConfig{Name: "MOVER", Storage: "memory", Replicas: 1, Timeout: time.Second, Mover: mover}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "k", []byte("v"), 0); err != nil {
+		t.Fatal(err)
+	}
+	failed := fmt.Errorf("%w: put k: no answer", sink.ErrUnavailable)
+	if err := mover.Observe(failed); err != failed {
+		t.Fatalf("the first failure moved: %v", err)
+	}
+	// Reads answered all along, and a read's not-found too.
+	deadline := time.Now().Add(after + 100*time.Millisecond)
+	for time.Now().Before(deadline) {
+		if _, err := kv.Get(ctx, "k"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Get(ctx, "none"); !errors.Is(err, sink.ErrNotFound) {
+			t.Fatalf("get of a key never written: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	err = mover.Observe(failed)
+	if !errors.Is(err, sink.ErrUnavailable) || !strings.Contains(err.Error(), "moving to another server") {
+		t.Errorf("no write succeeded for %s, reads did: %v, want a move", after+100*time.Millisecond, err)
 	}
 }
