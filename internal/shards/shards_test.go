@@ -336,20 +336,43 @@ func leaseHolder(t *testing.T, name string) string {
 // TestCutOffReplicaGivesUpItsShards: a replica that cannot reach the API
 // server cannot renew its member Lease; it gives up its shards after the
 // renew deadline, before its Lease expires, and the other replica takes
-// them once it expired.
+// them once it expired, and not before.
 func TestCutOffReplicaGivesUpItsShards(t *testing.T) {
 	name := fmt.Sprintf("cutoff-%d", time.Now().UnixNano()%100000)
 	c := newLeaseClient(t)
 	a, b := startReplica(t, name, "a", 4, withClient(c)), startReplica(t, name, "b", 4)
 	waitShares(t, []*replica{a, b}, 4, [2]int{2, 2}, [2]int{2, 2})
 	c.cut.Store(true)
-	if err := stacktest.Eventually(20*time.Second, func() error {
-		if n := len(a.m.Held()); n != 0 {
-			return fmt.Errorf("a, cut off, still holds %d shards", n)
+	// Watched every 10 ms from the cut: when a let go of its last shard,
+	// and when b first held more than its two.
+	var gaveUp, took time.Time
+	deadline := time.Now().Add(20 * time.Second)
+	for (gaveUp.IsZero() || took.IsZero()) && time.Now().Before(deadline) {
+		now := time.Now()
+		if gaveUp.IsZero() && len(a.m.Held()) == 0 {
+			gaveUp = now
 		}
-		return nil
-	}); err != nil {
+		if took.IsZero() && len(b.m.Held()) > 2 {
+			took = now
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if gaveUp.IsZero() || took.IsZero() {
+		t.Fatalf("20 s after the cut: a holds %v, b %v", a.m.Held(), b.m.Held())
+	}
+	var member coordinationv1.Lease
+	if err := st.Client.Get(context.Background(), types.NamespacedName{Namespace: "default", Name: name + "-member-a"}, &member); err != nil {
 		t.Fatal(err)
+	}
+	renewed := member.Spec.RenewTime.Time
+	expires := renewed.Add(time.Duration(*member.Spec.LeaseDurationSeconds) * time.Second)
+	t.Logf("a last renewed its member Lease at %s; gave up its shards %s later, b took them %s later",
+		renewed.Format("15:04:05.000"), gaveUp.Sub(renewed).Round(time.Millisecond), took.Sub(renewed).Round(time.Millisecond))
+	if took.Before(expires) {
+		t.Errorf("b took a's shards %s before a's member Lease expired", expires.Sub(took).Round(time.Millisecond))
+	}
+	if !gaveUp.Before(took) {
+		t.Errorf("a gave up its shards %s after b took them: both held them meanwhile", gaveUp.Sub(took).Round(time.Millisecond))
 	}
 	waitShares(t, []*replica{a, b}, 4, [2]int{0, 0}, [2]int{4, 4})
 	c.cut.Store(false)
