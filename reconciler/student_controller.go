@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -260,6 +262,14 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 	r.gone.Delete(key)
 	r.failures.Delete(key)
 	return ctrl.Result{}, nil
+}
+
+// Scope returns the InScope of a bridge that watches namespaces (none:
+// all) and the Students selector matches.
+func Scope(namespaces []string, selector labels.Selector) func(*studentv1.Student) bool {
+	return func(s *studentv1.Student) bool {
+		return (len(namespaces) == 0 || slices.Contains(namespaces, s.Namespace)) && selector.Matches(labels.Set(s.Labels))
+	}
 }
 
 // publishGone publishes the deletion of a Student that is gone: with the

@@ -11,10 +11,12 @@ import (
 	cloudevents "github.com/cloudevents/sdk-go/v2"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -526,4 +528,61 @@ func TestConflictGivesUpTheShard(t *testing.T) {
 	f.update("s", func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
 	f.mustReconcile("s")
 	f.requireEvents("created", "updated")
+}
+
+// TestCacheBehindIsNotAScopeExit: a Student the reconciler's cache does
+// not have (yet: a relist, a shard gained late) but the API server does
+// is looked at again, never published as having left the scope, when it
+// is in the watched scope, with namespaces set too. Out of the scope (its
+// namespace no longer watched) it did leave: deleted is published.
+func TestCacheBehindIsNotAScopeExit(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		namespaces func(ns string) []string
+		left       bool
+	}{
+		{"every namespace watched", func(string) []string { return nil }, false},
+		{"its namespace watched", func(ns string) []string { return []string{"elsewhere", ns} }, false},
+		{"its namespace no longer watched", func(string) []string { return []string{"elsewhere"} }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, true)
+			f.create("lagging", nil)
+			f.mustReconcile("lagging")
+			f.requireEvents("created")
+
+			// The cache lacks it; the API server has it.
+			base, err := client.NewWithWatch(st.RestConfig, client.Options{Scheme: st.Client.Scheme()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			behind := interceptor.NewClient(base, interceptor.Funcs{
+				Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+					if _, ok := obj.(*studentv1.Student); ok && key.Name == "lagging" {
+						return apierrors.NewNotFound(studentv1.GroupVersion.WithResource("students").GroupResource(), key.Name)
+					}
+					return c.Get(ctx, key, obj, opts...)
+				},
+			})
+			f.r.Client, f.r.APIReader = behind, st.Client
+			f.r.Namespaces = tc.namespaces(f.ns)
+			f.r.InScope = reconciler.Scope(f.r.Namespaces, labels.Everything())
+
+			res, err := f.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: f.ns, Name: "lagging"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.left {
+				f.requireEvents("created", "deleted")
+				return
+			}
+			f.requireEvents("created")
+			if res.RequeueAfter == 0 {
+				t.Error("a Student the cache is behind on is not looked at again")
+			}
+			if !controllerutil.ContainsFinalizer(f.get("lagging"), studentv1.Finalizer) {
+				t.Error("the finalizer was removed from a Student in the watched scope")
+			}
+		})
+	}
 }

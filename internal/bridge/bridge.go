@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
-	"slices"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -184,9 +183,7 @@ func addReconciler(mgr manager.Manager, cfg *config.Config, selector labels.Sele
 		Recorder:          nopRecorder{},
 		Cluster:           cfg.Cluster,
 		Timeout:           cfg.NATS.AckTimeout + 30*time.Second,
-		InScope: func(s *studentv1.Student) bool {
-			return (len(cfg.Namespaces) == 0 || slices.Contains(cfg.Namespaces, s.Namespace)) && selector.Matches(labels.Set(s.Labels))
-		},
+		InScope:           reconciler.Scope(cfg.Namespaces, selector),
 		Namespaces: cfg.Namespaces,
 	}
 	// Every worker busy: changes are waiting for the API server, and
