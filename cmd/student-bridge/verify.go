@@ -42,6 +42,8 @@ disagree:
   duplicate     one event id more than once in the stream
   gap           a Student's sequence skips a number: an event is not in the stream
   out of order  an older generation after a newer one, or a change after deleted
+  foreign       a message on the stream the bridge did not publish (not a
+                Student CloudEvent, or an id the bridge would not give it)
   unknown       a Student with no event while older events left the stream
                 (not drift, unless --strict)
 

@@ -30,8 +30,9 @@ func verifySource(cfg *config.Config, nc *nats.Conn) verify.Source {
 // published, and then each kind of drift made to happen for real: events
 // deleted from the stream (a Student's last, and one in the middle of
 // another's), a delete no bridge saw (finalizer removed, record removed),
-// an event with a stale spec published under the bridge's subject, and an
-// event published again after the stream's duplicate window.
+// an event with a stale spec published under the bridge's subject by
+// another writer, a message in the shape of an event without its content
+// type, and an event published again after the stream's duplicate window.
 func TestVerifyFindsEachKindOfDrift(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
@@ -127,6 +128,12 @@ func TestVerifyFindsEachKindOfDrift(t *testing.T) {
 		t.Fatal(err)
 	}
 	publish(msg)
+	// A message on the bridge's subject in the shape of its events, as the
+	// nats CLI sends it (no Content-Type): not a Student CloudEvent the
+	// bridge published, whatever a consumer makes of it.
+	publish(&nats.Msg{Subject: cfg.NATS.SubjectPrefix + "." + studentv1.OperationUpdated,
+		Data: fmt.Appendf(nil, `{"specversion":"1.0","id":"x1","type":%q,"source":%q,"data":{"metadata":{"namespace":%q,"name":"e","uid":%q}}}`,
+			studentv1.EventTypeUpdated, reconciler.Source(cfg.Cluster), ns, e.UID)})
 	// f: its created event again, once the duplicate window has passed.
 	time.Sleep(1500 * time.Millisecond)
 	f := of("f")[0]
@@ -140,7 +147,7 @@ func TestVerifyFindsEachKindOfDrift(t *testing.T) {
 	for _, f := range r.Findings {
 		got = append(got, string(f.Kind)+" "+f.Name)
 	}
-	want := []string{"lost delete a", "missing b", "stale record b", "gap d", "missing e", "stale record e", "duplicate f"}
+	want := []string{"lost delete a", "missing b", "stale record b", "gap d", "foreign e", "foreign ", "duplicate f"}
 	slices.Sort(got)
 	slices.Sort(want)
 	if !slices.Equal(got, want) {

@@ -178,7 +178,7 @@ func readStream(ctx context.Context, src Source, st *State) error {
 		}
 		read++
 		if e, err := decode(msg); err != nil {
-			st.Unreadable++
+			st.Unreadable = append(st.Unreadable, Message{StreamSequence: md.Sequence.Stream, Subject: msg.Subject(), Reason: err.Error()})
 		} else if e.source == source && src.inScope(e.Data.Metadata.Namespace) {
 			e.StreamSequence = md.Sequence.Stream
 			st.Events = append(st.Events, e.Event)
@@ -276,13 +276,14 @@ func Print(w io.Writer, r Report) error {
 		records = plural(r.Records, "record")
 	}
 	fmt.Fprintf(tw, "read %s (stream sequences %d to %d), %s, %s\n", plural(r.Events, "event"), r.FirstSequence, r.LastSequence, plural(r.Students, "Student"), records)
-	if r.Unreadable > 0 {
-		fmt.Fprintf(tw, "%d messages of the stream are not Student CloudEvents (left out)\n", r.Unreadable)
-	}
 	if len(r.Findings) > 0 {
 		fmt.Fprintln(tw, "KIND\tSTUDENT\tUID\tDETAIL")
 		for _, f := range r.Findings {
-			fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\n", f.Kind, f.Namespace, f.Name, f.UID, f.Detail)
+			student, uid := f.Namespace+"/"+f.Name, f.UID
+			if f.Name == "" {
+				student, uid = "-", "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", f.Kind, student, uid, f.Detail)
 		}
 	}
 	counts := map[Kind]int{}

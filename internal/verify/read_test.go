@@ -68,7 +68,7 @@ func TestReadStreamSurvivesALostConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the reading failed once its consumer was lost: %v", err)
 	}
-	if st.Unreadable != total || st.LastSequence != total {
-		t.Fatalf("read %d messages of %d (last sequence %d)", st.Unreadable, total, st.LastSequence)
+	if len(st.Unreadable) != total || st.LastSequence != total {
+		t.Fatalf("read %d messages of %d (last sequence %d)", len(st.Unreadable), total, st.LastSequence)
 	}
 }

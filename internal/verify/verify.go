@@ -12,7 +12,11 @@ import (
 	"slices"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/reconciler"
 )
 
 // Kind names a finding.
@@ -41,6 +45,12 @@ const (
 	// OutOfOrder: an event of an older generation after a newer one, or a
 	// change after the Student's deleted event.
 	OutOfOrder Kind = "out of order"
+	// Foreign: a message on the bridge's stream that the bridge did not
+	// publish: not a Student CloudEvent, or one whose id does not follow
+	// from its data and the event before it (as the bridge derives every
+	// change's id). Consumers may take it for an event; whoever may
+	// publish on the bridge's subjects should not.
+	Foreign Kind = "foreign"
 	// Unknown: a Student with no event while older events have left the
 	// stream (its limits, a purge): its events may have been among them.
 	// Not drift, unless Options.Strict.
@@ -74,8 +84,16 @@ type State struct {
 	// RecordsRead is false when the store was not read (no comparison).
 	Records     []studentv1.StudentRecord
 	RecordsRead bool
-	// Unreadable counts messages that are not Student CloudEvents.
-	Unreadable int
+	// Unreadable are the messages that are not Student CloudEvents.
+	Unreadable []Message
+}
+
+// Message is a message of the stream that is not a Student CloudEvent.
+type Message struct {
+	StreamSequence uint64
+	Subject        string
+	// Reason says why it could not be read as one.
+	Reason string
 }
 
 // Options tune Check.
@@ -94,11 +112,17 @@ type Finding struct {
 	Name      string `json:"name"`
 	UID       string `json:"uid"`
 	Detail    string `json:"detail"`
+	// StreamSequence is the message's place in the stream, for foreign
+	// messages.
+	StreamSequence uint64 `json:"streamSequence,omitempty"`
 }
 
 // Key identifies a finding across two readings (the settle re-check): its
-// kind and Student, not its wording, which may name newer events.
-func (f Finding) Key() string { return string(f.Kind) + "\x00" + f.UID }
+// kind and Student (and message, if foreign), not its wording, which may
+// name newer events.
+func (f Finding) Key() string {
+	return fmt.Sprintf("%s\x00%s\x00%d", f.Kind, f.UID, f.StreamSequence)
+}
 
 // Report is the outcome of Check.
 type Report struct {
@@ -170,7 +194,7 @@ func (s *student) lastChange() (Event, bool) {
 // Check compares the stream, the record store and the Students of st.
 func Check(st State, o Options) Report {
 	r := Report{Events: len(st.Events), FirstSequence: st.FirstSequence, LastSequence: st.LastSequence,
-		Students: len(st.Students), Records: len(st.Records), RecordsRead: st.RecordsRead, Unreadable: st.Unreadable}
+		Students: len(st.Students), Records: len(st.Records), RecordsRead: st.RecordsRead, Unreadable: len(st.Unreadable)}
 	agedOut := st.FirstSequence > 1
 	add := func(k Kind, ns, name, uid, format string, args ...any) {
 		if k == Unknown && o.Strict {
@@ -179,9 +203,21 @@ func Check(st State, o Options) Report {
 		r.Findings = append(r.Findings, Finding{Kind: k, Namespace: ns, Name: name, UID: uid, Detail: fmt.Sprintf(format, args...)})
 	}
 
+	for _, m := range st.Unreadable {
+		r.Findings = append(r.Findings, Finding{Kind: Foreign, StreamSequence: m.StreamSequence,
+			Detail: fmt.Sprintf("stream sequence %d on %s is not a Student CloudEvent: %s", m.StreamSequence, m.Subject, m.Reason)})
+	}
+
 	byUID := map[string]*student{}
 	ids := map[string][]Event{}
 	for _, e := range st.Events {
+		if !derived(e) {
+			md := e.Data.Metadata
+			r.Findings = append(r.Findings, Finding{Kind: Foreign, Namespace: md.Namespace, Name: md.Name, UID: md.UID, StreamSequence: e.StreamSequence,
+				Detail: fmt.Sprintf("event %s (%s, stream sequence %d) is not one the bridge published: its id does not follow from its data and the event before it",
+					e.ID, studentv1.Operation(e.Type), e.StreamSequence)})
+			continue
+		}
 		s := byUID[e.Data.Metadata.UID]
 		if s == nil {
 			s = &student{}
@@ -263,6 +299,20 @@ func Check(st State, o Options) Report {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.UID, b.UID), cmp.Compare(a.Kind, b.Kind))
 	})
 	return r
+}
+
+// derived reports whether e's id is the one the bridge derives for a
+// change with e's data (reconciler.EventID), chained to the event before
+// it or, for a first event whose record was pending, to none. Snapshots'
+// ids name their run, which the event does not carry: they are taken as
+// they are.
+func derived(e Event) bool {
+	if e.Type == studentv1.EventTypeSnapshot {
+		return true
+	}
+	md := e.Data.Metadata
+	s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{UID: types.UID(md.UID), Generation: md.Generation, Labels: md.Labels}, Spec: e.Data.Spec}
+	return e.ID == reconciler.EventID(e.Type, s, e.PreviousID) || e.ID == reconciler.EventID(e.Type, s, "")
 }
 
 type addFunc func(k Kind, ns, name, uid, format string, args ...any)

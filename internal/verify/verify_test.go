@@ -10,6 +10,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/verify"
+	"github.com/student-bridge/student-bridge/reconciler"
 )
 
 // These cases check the comparison itself, on states built by hand; what
@@ -21,14 +22,40 @@ func student(uid, school string, gen int64) studentv1.Student {
 		Spec: studentv1.StudentSpec{Name: uid, School: school}}
 }
 
-func event(seq uint64, typ, id string, s studentv1.Student, number int64, previous string) verify.Event {
+// ids maps the names the cases give events to the ids the bridge derives
+// for them (reconciler.EventID); a name never given (a made-up id) stands
+// for itself.
+var ids = map[string]string{}
+
+func id(name string) string {
+	if v, ok := ids[name]; ok {
+		return v
+	}
+	return name
+}
+
+// event is a change (or snapshot) of s as the bridge publishes it: its id
+// derived from s and the event named previous; name names it for later
+// events and records.
+func event(seq uint64, typ, name string, s studentv1.Student, number int64, previous string) verify.Event {
+	previous = id(previous)
+	evID := name
+	if typ != snapshot {
+		evID = reconciler.EventID(typ, &s, previous)
+		ids[name] = evID
+	}
+	return foreign(seq, typ, evID, s, number, previous)
+}
+
+// foreign is an event with the id given, whatever its data.
+func foreign(seq uint64, typ, id string, s studentv1.Student, number int64, previous string) verify.Event {
 	return verify.Event{StreamSequence: seq, ID: id, Type: typ, Sequence: number, PreviousID: previous,
 		Data: studentv1.StudentEventData{Metadata: studentv1.EventObjectMeta{Namespace: s.Namespace, Name: s.Name, UID: string(s.UID), Generation: s.Generation, Labels: s.Labels}, Spec: s.Spec}}
 }
 
-func record(s studentv1.Student, typ, id string, number int64, pending bool) studentv1.StudentRecord {
+func record(s studentv1.Student, typ, name string, number int64, pending bool) studentv1.StudentRecord {
 	return studentv1.StudentRecord{Namespace: s.Namespace, Name: s.Name, UID: s.UID, Pending: pending,
-		Published: studentv1.PublishedEvent{Type: typ, ID: id, StudentSequence: number, Generation: s.Generation, Spec: s.Spec}}
+		Published: studentv1.PublishedEvent{Type: typ, ID: id(name), StudentSequence: number, Generation: s.Generation, Spec: s.Spec}}
 }
 
 const (
@@ -98,6 +125,16 @@ func TestCheck(t *testing.T) {
 		st: verify.State{FirstSequence: 1, Students: []studentv1.Student{a1},
 			Events: []verify.Event{event(1, created, "a1", a1, 1, ""), event(9, created, "a1", a1, 1, "")}},
 		want: []string{"duplicate a"},
+	}, {
+		name: "foreign: a message that is no Student CloudEvent, an event whose id the bridge would not give it",
+		st: verify.State{FirstSequence: 1, Students: []studentv1.Student{a1},
+			Unreadable: []verify.Message{{StreamSequence: 2, Subject: "student.updated", Reason: "no content type"}},
+			Events:     []verify.Event{event(1, created, "a1", a1, 1, ""), foreign(3, updated, "made-up", a2, 2, id("a1"))}},
+		want: []string{"foreign ", "foreign a"},
+	}, {
+		name: "a first event whose record was pending names it, its id does not",
+		st: verify.State{FirstSequence: 1, Students: []studentv1.Student{a2},
+			Events: []verify.Event{event(1, created, "a1", a1, 1, ""), foreign(2, updated, reconciler.EventID(updated, &a2, ""), a2, 2, id("a1"))}},
 	}, {
 		name: "events of a bridge that did not count, then counted ones",
 		st: verify.State{FirstSequence: 1, Students: []studentv1.Student{a2},
