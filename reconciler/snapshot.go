@@ -31,16 +31,26 @@ type Snapshotter struct {
 	Records *Records
 }
 
+// SnapshotResult is what a snapshot published.
+type SnapshotResult struct {
+	// Published counts its events.
+	Published int
+	// FirstSequence is the stream sequence of its first event (0: none,
+	// or the sink does not store).
+	FirstSequence uint64
+}
+
 // Snapshot publishes one snapshot event per Student in namespace (all
-// namespaces when empty) and returns how many it published. Students being
+// namespaces when empty) and says how many it published, from where. Students being
 // deleted are left out: their deleted event is on its way. run identifies
 // this snapshot; events of one run share it in their ids, so retrying a run
 // does not duplicate events within the stream's window, while a new run is
 // published in full.
-func (s *Snapshotter) Snapshot(ctx context.Context, namespace, run string) (int, error) {
+func (s *Snapshotter) Snapshot(ctx context.Context, namespace, run string) (SnapshotResult, error) {
+	var res SnapshotResult
 	var list studentv1.StudentList
 	if err := s.Reader.List(ctx, &list, client.InNamespace(namespace)); err != nil {
-		return 0, fmt.Errorf("list students: %w", err)
+		return res, fmt.Errorf("list students: %w", err)
 	}
 	now := time.Now
 	if s.Now != nil {
@@ -50,7 +60,7 @@ func (s *Snapshotter) Snapshot(ctx context.Context, namespace, run string) (int,
 	if s.Records != nil {
 		stored, err := s.Records.Stored(ctx)
 		if err != nil {
-			return 0, err
+			return res, err
 		}
 		for _, rec := range stored {
 			if !rec.Pending {
@@ -58,7 +68,6 @@ func (s *Snapshotter) Snapshot(ctx context.Context, namespace, run string) (int,
 			}
 		}
 	}
-	n := 0
 	for i := range list.Items {
 		stu := &list.Items[i]
 		if !stu.DeletionTimestamp.IsZero() {
@@ -66,17 +75,21 @@ func (s *Snapshotter) Snapshot(ctx context.Context, namespace, run string) (int,
 		}
 		ev, err := NewEvent(s.Cluster, studentv1.EventTypeSnapshot, snapshotID(stu, run), stu, nil, now())
 		if err != nil {
-			return n, err
+			return res, err
 		}
 		if last, ok := published[stu.UID]; ok {
 			Chain(&ev, Sequence(studentv1.EventTypeSnapshot, &last), last.ID)
 		}
-		if _, err := send(ctx, s.Sink, ev); err != nil {
-			return n, fmt.Errorf("publish snapshot of %s: %w", Subject(stu), err)
+		receipt, err := send(ctx, s.Sink, ev)
+		if err != nil {
+			return res, fmt.Errorf("publish snapshot of %s: %w", Subject(stu), err)
 		}
-		n++
+		if res.FirstSequence == 0 || (receipt.Sequence > 0 && receipt.Sequence < res.FirstSequence) {
+			res.FirstSequence = receipt.Sequence
+		}
+		res.Published++
 	}
-	return n, nil
+	return res, nil
 }
 
 func snapshotID(s *studentv1.Student, run string) string {

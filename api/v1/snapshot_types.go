@@ -12,7 +12,11 @@ type SnapshotRequest struct {
 }
 
 // SnapshotReply is the leading bridge's answer to a SnapshotRequest, sent
-// once every snapshot event was acknowledged (or publishing failed).
+// once every snapshot event of the run that answers it was acknowledged
+// (or publishing failed). Requests are coalesced: one that arrives while a
+// run covering its namespace is in flight, or soon after one ended
+// (snapshot.minInterval) whose events the stream still holds, is answered
+// by that run.
 // +kubebuilder:object:generate=false
 type SnapshotReply struct {
 	// run identifies the snapshot; its events' ids derive from it.
@@ -22,6 +26,23 @@ type SnapshotReply struct {
 	Cluster string `json:"cluster,omitempty"`
 	// published counts the snapshot events acknowledged by the stream.
 	Published int `json:"published"`
+	// coalesced is true when a run made for an earlier request answers
+	// this one: its events may be in the stream before the request.
+	// +optional
+	Coalesced bool `json:"coalesced,omitempty"`
+	// firstSequence is the stream sequence of the run's first event (0
+	// when it published none, or on core NATS): read from there to see
+	// them all.
+	// +optional
+	FirstSequence uint64 `json:"firstSequence,omitempty"`
+	// ended is when the run ended (RFC 3339).
+	// +optional
+	Ended string `json:"ended,omitempty"`
+	// nextRun is the earliest time (RFC 3339) a request for the same
+	// namespaces starts a new run; until then a run that answered is
+	// reused.
+	// +optional
+	NextRun string `json:"nextRun,omitempty"`
 	// error says why the snapshot is incomplete; empty on success.
 	// +optional
 	Error string `json:"error,omitempty"`

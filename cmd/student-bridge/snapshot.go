@@ -24,7 +24,9 @@ func newSnapshotCommand(setupLog logSetup, configFile *string) *cobra.Command {
 		Long: `snapshot asks the leading bridge, over NATS (snapshot.requestSubject), to publish
 one io.k8s.example.student.snapshot event per current Student on student.snapshot,
 and prints how many it published. A consumer that starts from nothing reads the
-snapshot and then applies the change events that follow it.
+snapshot and then applies the change events that follow it. A request during a
+snapshot, or within snapshot.minInterval of one whose events the stream still
+holds, is answered by that one (docs/consuming.md).
 
 From a fleet's hub (docs/fleet.md), --cluster asks that cluster's bridge (on
 <snapshot.requestSubject>.<cluster>); its events reach the hub's stream as
@@ -72,7 +74,12 @@ The same request works without this command:
 		if reply.Error != "" {
 			return fmt.Errorf("snapshot %s: published %d, then: %s", reply.Run, reply.Published, reply.Error)
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "snapshot %s: published %d Students\n", reply.Run, reply.Published)
+		if reply.Coalesced {
+			fmt.Fprintf(cmd.OutOrStdout(), "snapshot %s (published %d Students from stream sequence %d, ended %s) answers this request; the next may start at %s\n",
+				reply.Run, reply.Published, reply.FirstSequence, reply.Ended, reply.NextRun)
+		} else {
+			fmt.Fprintf(cmd.OutOrStdout(), "snapshot %s: published %d Students\n", reply.Run, reply.Published)
+		}
 		if cluster != "" && reply.Cluster != cluster {
 			return fmt.Errorf("snapshot %s was published by the bridge of cluster %q, not %q", reply.Run, reply.Cluster, cluster)
 		}

@@ -184,7 +184,7 @@ func addReconciler(mgr manager.Manager, cfg *config.Config, selector labels.Sele
 		Cluster:           cfg.Cluster,
 		Timeout:           cfg.NATS.AckTimeout + 30*time.Second,
 		InScope:           reconciler.Scope(cfg.Namespaces, selector),
-		Namespaces: cfg.Namespaces,
+		Namespaces:        cfg.Namespaces,
 	}
 	// Every worker busy: changes are waiting for the API server, and
 	// Events and status writes would only take capacity from them.
@@ -236,14 +236,20 @@ func addSnapshots(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, pub *n
 			subjects = append(subjects, s+"."+cfg.Cluster)
 		}
 	}
+	stream := "" // core NATS stores nothing: only runs in flight are shared
+	if cfg.NATS.Mode == string(natssink.JetStream) {
+		stream = cfg.NATS.Stream.Name
+	}
 	return mgr.Add(&snapshotServer{
-		nc:         nc,
-		cache:      mgr.GetCache(),
-		snap:       &reconciler.Snapshotter{Reader: mgr.GetClient(), Sink: pub, Cluster: cfg.Cluster, Records: records},
-		onStartup:  cfg.Snapshot.OnStartup,
-		subjects:   subjects,
-		namespaces: cfg.Namespaces,
-		log:        log.WithName("snapshot"),
+		nc:          nc,
+		cache:       mgr.GetCache(),
+		snap:        &reconciler.Snapshotter{Reader: mgr.GetClient(), Sink: pub, Cluster: cfg.Cluster, Records: records},
+		onStartup:   cfg.Snapshot.OnStartup,
+		subjects:    subjects,
+		namespaces:  cfg.Namespaces,
+		stream:      stream,
+		minInterval: cfg.Snapshot.MinInterval,
+		log:         log.WithName("snapshot"),
 	})
 }
 

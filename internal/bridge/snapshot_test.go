@@ -3,7 +3,9 @@ package bridge_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +21,7 @@ func TestSnapshots(t *testing.T) {
 	ns := newNamespace(t)
 	cfg := testConfig(t, ns, "snap")
 	cfg.Snapshot.RequestSubject = "snap-bridge.snapshot"
+	cfg.Snapshot.MinInterval = 0 // every request after a run ended makes a new one
 	stop := startBridge(t, cfg)
 	nc := natsConn(t)
 	for _, name := range []string{"a", "b"} {
@@ -90,6 +93,7 @@ func TestSnapshotsWithLeaderElection(t *testing.T) {
 	ns := newNamespace(t)
 	cfg := testConfig(t, ns, "lead")
 	cfg.Snapshot.RequestSubject = "lead-bridge.snapshot"
+	cfg.Snapshot.MinInterval = 0 // the request makes a run of its own
 	cfg.Snapshot.OnStartup = true
 	cfg.LeaderElection.Enabled = true
 	cfg.LeaderElection.Namespace = ns
@@ -125,4 +129,98 @@ func TestSnapshotsWithLeaderElection(t *testing.T) {
 	if snapshots != 4 {
 		t.Errorf("%d snapshot events, want 2 at startup and 2 on request: %v", snapshots, types(got))
 	}
+}
+
+// TestSnapshotFloodIsCoalesced: ten services asking at once, then one in a
+// crash loop asking at each start, then one asking for a namespace: one
+// snapshot is published, and every request is answered by it, as long as
+// snapshot.minInterval has not passed since it ended. After that, a
+// request makes a new one.
+func TestSnapshotFloodIsCoalesced(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "flood")
+	cfg.Snapshot.RequestSubject = "flood-bridge.snapshot"
+	cfg.Snapshot.MinInterval = 8 * time.Second
+	startBridge(t, cfg)
+	nc := natsConn(t)
+	const students = 20
+	for i := range students {
+		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%02d", i), "wang", "china")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStream(t, nc, cfg.NATS.Stream.Name, students)
+	request := func(namespace string) studentv1.SnapshotReply {
+		body, _ := json.Marshal(studentv1.SnapshotRequest{Namespace: namespace})
+		msg, err := nc.Request(cfg.Snapshot.RequestSubject, body, 30*time.Second)
+		if err != nil {
+			t.Error(err)
+			return studentv1.SnapshotReply{}
+		}
+		var reply studentv1.SnapshotReply
+		if err := json.Unmarshal(msg.Data, &reply); err != nil || reply.Error != "" {
+			t.Errorf("reply %s (%v)", msg.Data, err)
+		}
+		return reply
+	}
+	counts := func() map[string]float64 {
+		out := map[string]float64{}
+		for _, r := range []string{"new_run", "coalesced", "refused"} {
+			v, err := stacktest.Counter("student_bridge_snapshot_requests_total", "result", r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[r] = v
+		}
+		return out
+	}
+	before := counts()
+
+	replies := make([]studentv1.SnapshotReply, 10)
+	var wg sync.WaitGroup
+	for i := range replies {
+		wg.Go(func() { replies[i] = request("") })
+	}
+	wg.Wait()
+	for range 5 { // a service in a crash loop, asking at each start
+		replies = append(replies, request(""))
+	}
+	replies = append(replies, request(ns))
+	got := waitStream(t, nc, cfg.NATS.Stream.Name, 2*students)
+	time.Sleep(time.Second) // a second run, had there been one, would be on its way
+	if n := len(waitStream(t, nc, cfg.NATS.Stream.Name, 2*students)); n != 2*students {
+		t.Fatalf("the stream holds %d events, want %d: one snapshot", n, 2*students)
+	}
+	first := got[students].Sequence
+	newRuns := 0
+	for _, r := range replies {
+		if r.Run != replies[0].Run || r.Published != students || r.FirstSequence != first || r.NextRun == "" {
+			t.Errorf("reply %+v, want run %s of %d from stream sequence %d, and when the next may be", r, replies[0].Run, students, first)
+		}
+		if !r.Coalesced {
+			newRuns++
+		}
+	}
+	if newRuns != 1 {
+		t.Errorf("%d replies say they made the run, want 1", newRuns)
+	}
+	after := counts()
+	if d := after["new_run"] - before["new_run"]; d != 1 {
+		t.Errorf("student_bridge_snapshot_requests_total counted %v new runs, want 1", d)
+	}
+	if d := after["coalesced"] - before["coalesced"]; d != float64(len(replies)-1) {
+		t.Errorf("student_bridge_snapshot_requests_total counted %v coalesced, want %d", d, len(replies)-1)
+	}
+
+	// Once the interval passed, a request makes a new snapshot.
+	next, err := time.Parse(time.RFC3339Nano, replies[0].NextRun)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(next))
+	if r := request(""); r.Coalesced || r.Run == replies[0].Run {
+		t.Errorf("a request after the interval was answered by the old run: %+v", r)
+	}
+	waitStream(t, nc, cfg.NATS.Stream.Name, 3*students)
 }

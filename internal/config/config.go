@@ -96,8 +96,9 @@ type Services struct {
 // Snapshot configures bridge-side replay: snapshot events of every current
 // Student, at startup and on request.
 type Snapshot struct {
-	OnStartup      bool   `mapstructure:"onStartup"`
-	RequestSubject string `mapstructure:"requestSubject"`
+	OnStartup      bool          `mapstructure:"onStartup"`
+	RequestSubject string        `mapstructure:"requestSubject"`
+	MinInterval    time.Duration `mapstructure:"minInterval"`
 }
 
 // Tail configures `student-bridge tail`, the consumer side.

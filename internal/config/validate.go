@@ -113,6 +113,8 @@ func (c *Config) Validate() error {
 		return bad("services.expected", "needs receipts.bucket")
 	case strings.ContainsAny(c.Snapshot.RequestSubject, " \t*>"):
 		return bad("snapshot.requestSubject", "%q must be a literal subject", c.Snapshot.RequestSubject)
+	case c.Snapshot.MinInterval < 0:
+		return bad("snapshot.minInterval", "%s must not be negative", c.Snapshot.MinInterval)
 	case c.Snapshot.RequestSubject != "" && strings.HasPrefix(c.Snapshot.RequestSubject, c.NATS.SubjectPrefix+"."):
 		return bad("snapshot.requestSubject", "%q is under the stream's subjects %s.>; requests would be stored as events", c.Snapshot.RequestSubject, c.NATS.SubjectPrefix)
 	}
