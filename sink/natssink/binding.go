@@ -91,6 +91,12 @@ func DecodeMsg(ctx context.Context, msg *nats.Msg) (*cloudevents.Event, error) {
 	if err != nil {
 		return nil, fmt.Errorf("decode message on %s: %w", msg.Subject, err)
 	}
+	// The binding takes binary mode's attributes as they come (a
+	// Content-Type that is no media type, say): what it returns must be a
+	// CloudEvent all the same.
+	if err := ev.Validate(); err != nil {
+		return nil, fmt.Errorf("decode message on %s: not a valid CloudEvent: %w", msg.Subject, err)
+	}
 	return ev, nil
 }
 
