@@ -42,6 +42,14 @@ export KUBEBUILDER_ASSETS
 
 TEST_FLAGS ?= -race -count=1 -timeout 30m
 
+# Every decoder of input from outside (what services, anyone with a NATS
+# permission or an older release wrote) is fuzzed for FUZZ_TIME beyond its
+# corpus by make test: package:target. A failure's input lands in the
+# package's testdata/fuzz; commit it with the fix.
+FUZZ_TIME ?= 5s
+FUZZ_TARGETS := ./api/v1:FuzzParseReceipt ./api/v1:FuzzParseSnapshotRequest ./reconciler:FuzzParseRecord \
+	./reconciler:FuzzEventRoundTrip ./consumer:FuzzDecode ./sink/natssink:FuzzDecodeMsg ./internal/config:FuzzLoad
+
 # The release this source is (internal/version) and the commit it is built
 # from; both end up in the binary, the image's labels and its tag.
 VERSION := $(shell sed -n 's/^var Version = "\(.*\)"/\1/p' internal/version/version.go)
@@ -121,8 +129,16 @@ image: image-binary $(OCIIMAGE) ## Build the image $(IMG) as an archive, bin/ima
 		-label org.opencontainers.image.revision=$(COMMIT)
 
 .PHONY: test
-test: verify-gen vet image $(TEST_DEPS) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(NODE_DEPS) ## Check generated files, vet, build the image, and run every test with -race against a real kube-apiserver and NATS (and a real node, as root).
+test: verify-gen vet image $(TEST_DEPS) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(NODE_DEPS) ## Check generated files, vet, build the image, run every test with -race against a real kube-apiserver and NATS (and a real node, as root), then fuzz the decoders.
 	$(GO) test $(TEST_FLAGS) ./...
+	$(MAKE) --no-print-directory fuzz
+
+.PHONY: fuzz
+fuzz: ## Fuzz every decoder of outside input for FUZZ_TIME each, beyond its corpus (FUZZ_TARGETS).
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} ($${t%%:*}) for $(FUZZ_TIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZ_TIME) "$${t%%:*}"; \
+	done
 
 ##@ Deployment (needs a container engine and a cluster; not used by the tests)
 

@@ -36,6 +36,9 @@ func decode(msg jetstream.Msg) (*event, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := ce.Validate(); err != nil {
+		return nil, fmt.Errorf("not a valid CloudEvent: %w", err)
+	}
 	ev := &event{id: ce.ID(), typ: ce.Type(), cluster: studentv1.ClusterOfSource(ce.Source())}
 	ev.number, _ = studentv1.ParseSequence(ce.Extensions()[studentv1.ExtensionSequence])
 	ev.traceparent, _ = ce.Extensions()[studentv1.ExtensionTraceParent].(string)

@@ -1,5 +1,13 @@
 package v1
 
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
 // SnapshotRequest is the JSON body of a request on the bridge's snapshot
 // request subject (snapshot.requestSubject, default student-bridge.snapshot).
 // An empty body asks for every namespace.
@@ -46,4 +54,22 @@ type SnapshotReply struct {
 	// error says why the snapshot is incomplete; empty on success.
 	// +optional
 	Error string `json:"error,omitempty"`
+}
+
+// ParseSnapshotRequest decodes the body of a snapshot request: empty, or
+// a JSON object whose namespace, if set, is a namespace name.
+func ParseSnapshotRequest(body []byte) (SnapshotRequest, error) {
+	var req SnapshotRequest
+	if len(body) == 0 {
+		return req, nil
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return SnapshotRequest{}, fmt.Errorf("bad request: %w", err)
+	}
+	if req.Namespace != "" {
+		if errs := validation.IsDNS1123Label(req.Namespace); len(errs) > 0 {
+			return SnapshotRequest{}, fmt.Errorf("bad request: namespace %q: %s", req.Namespace, strings.Join(errs, "; "))
+		}
+	}
+	return req, nil
 }

@@ -141,18 +141,18 @@ func (s *snapshotServer) answer(ctx context.Context, namespace, kind string) (ru
 }
 
 func (s *snapshotServer) serve(ctx context.Context, msg *nats.Msg) {
-	var req studentv1.SnapshotRequest
 	reply := studentv1.SnapshotReply{Cluster: s.snap.Cluster}
-	if len(msg.Data) > 0 {
-		if err := json.Unmarshal(msg.Data, &req); err != nil {
-			reply.Error = fmt.Sprintf("bad request: %v", err)
-		}
+	req, err := studentv1.ParseSnapshotRequest(msg.Data)
+	if err != nil {
+		reply.Error = err.Error()
 	}
 	if reply.Error == "" && req.Namespace != "" && len(s.namespaces) > 0 && !slices.Contains(s.namespaces, req.Namespace) {
 		reply.Error = fmt.Sprintf("namespace %q is not watched by this bridge (namespaces: %v)", req.Namespace, s.namespaces)
 	}
 	result := snapshotRefused
-	if reply.Error == "" {
+	if reply.Error != "" {
+		s.log.Info("refused a snapshot request", "subject", msg.Subject, "reason", reply.Error)
+	} else {
 		run, isNew, err := s.answer(ctx, req.Namespace, "request")
 		if err != nil {
 			return // shutting down: no answer, the requester asks again
