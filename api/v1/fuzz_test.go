@@ -14,8 +14,8 @@ import (
 // valid for its key, or an error; never a panic. A valid one survives
 // being written again.
 func FuzzParseReceipt(f *testing.F) {
-	f.Add("roster.u1", []byte(`{"service":"roster","uid":"u1","namespace":"default","name":"wang","eventID":"e1","generation":1,"result":"Applied","time":"2026-01-02T03:04:05Z"}`))
-	f.Add("west.roster.u1", []byte(`{"service":"roster","uid":"u1","cluster":"west","namespace":"ns","name":"n","eventID":"e","result":"Failed","message":"full","traceID":"0af7651916cd43dd8448eb211c80319c"}`))
+	f.Add("roster.u1", []byte(`{"service":"roster","uid":"u1","namespace":"default","name":"wang","eventID":"e1","generation":1,"result":"applied","time":"2026-01-02T03:04:05Z"}`))
+	f.Add("west.roster.u1", []byte(`{"service":"roster","uid":"u1","cluster":"west","namespace":"ns","name":"n","eventID":"e","result":"failed","message":"full","traceID":"0af7651916cd43dd8448eb211c80319c"}`))
 	f.Add("roster.u1", []byte(`{"service":"roster","uid":"u.1"}`))
 	f.Add("", []byte(`null`))
 	f.Add("x", []byte(`{"generation":"one"}`))
