@@ -114,7 +114,7 @@ func (s *snapshotServer) Start(ctx context.Context) error {
 // be reachable yet); requests meanwhile wait for it.
 func (s *snapshotServer) startup(ctx context.Context) {
 	_ = retry(ctx, s.log, "startup snapshot", func(ctx context.Context) error {
-		run, _, err := s.answer(ctx, "", "startup")
+		run, _, err := s.answer(ctx, "", "startup", true)
 		if err == nil && run.err == nil {
 			s.log.Info("startup snapshot published", "run", run.id, "students", run.result.Published)
 		}
@@ -125,8 +125,8 @@ func (s *snapshotServer) startup(ctx context.Context) {
 // answer returns the run that answers a request for namespace, made now
 // (isNew) or shared (see join), once it ended; err is set only when ctx
 // ended first.
-func (s *snapshotServer) answer(ctx context.Context, namespace, kind string) (run *snapshotRun, isNew bool, err error) {
-	run, isNew = s.join(ctx, namespace, kind)
+func (s *snapshotServer) answer(ctx context.Context, namespace, kind string, reuseEnded bool) (run *snapshotRun, isNew bool, err error) {
+	run, isNew = s.join(ctx, namespace, kind, reuseEnded)
 	if isNew {
 		run.result, run.err = s.snap.Snapshot(ctx, namespace, run.id)
 		s.finish(run)
@@ -153,7 +153,10 @@ func (s *snapshotServer) serve(ctx context.Context, msg *nats.Msg) {
 	if reply.Error != "" {
 		s.log.Info("refused a snapshot request", "subject", msg.Subject, "reason", reply.Error)
 	} else {
-		run, isNew, err := s.answer(ctx, req.Namespace, "request")
+		// A request from a fleet's hub (on <subject>.<cluster>) reads the
+		// hub's stream, whose contents this bridge cannot see: only a run
+		// in flight answers it.
+		run, isNew, err := s.answer(ctx, req.Namespace, "request", msg.Subject == s.subjects[0])
 		if err != nil {
 			return // shutting down: no answer, the requester asks again
 		}
@@ -180,10 +183,10 @@ func (s *snapshotServer) serve(ctx context.Context, msg *nats.Msg) {
 }
 
 // join returns the run that answers a request for namespace: one in
-// flight that covers it, else one that ended within minInterval and whose
-// events the stream still holds, else a new run (isNew) that the caller
-// makes and finishes.
-func (s *snapshotServer) join(ctx context.Context, namespace, kind string) (run *snapshotRun, isNew bool) {
+// flight that covers it, else (with reuseEnded) one that ended within
+// minInterval and whose events the stream still holds, else a new run
+// (isNew) that the caller makes and finishes.
+func (s *snapshotServer) join(ctx context.Context, namespace, kind string, reuseEnded bool) (run *snapshotRun, isNew bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.inFlight == nil {
@@ -195,7 +198,7 @@ func (s *snapshotServer) join(ctx context.Context, namespace, kind string) (run 
 		}
 	}
 	for _, scope := range []string{namespace, ""} {
-		if r := s.last[scope]; r != nil && time.Since(r.ended) < s.minInterval && s.stillHeld(ctx, r) {
+		if r := s.last[scope]; reuseEnded && r != nil && time.Since(r.ended) < s.minInterval && s.stillHeld(ctx, r) {
 			return r, false
 		}
 	}
