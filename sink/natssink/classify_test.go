@@ -1,6 +1,7 @@
 package natssink_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -45,5 +46,18 @@ func TestClassify(t *testing.T) {
 				t.Errorf("record write: %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestClassifyCoreFlushTimeout: on core NATS a flush that timed out has no
+// stream to ask about; it stays an error of its own, not a panic.
+func TestClassifyCoreFlushTimeout(t *testing.T) {
+	_, nc := server(t, nil)
+	p, err := natssink.NewPublisher(nc, natssink.Config{Layout: layout(t), Mode: natssink.Core})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Classify("student.created", context.DeadlineExceeded); errors.Is(got, sink.ErrRejected) || !errors.Is(got, context.DeadlineExceeded) {
+		t.Errorf("core flush timeout: %v", got)
 	}
 }

@@ -177,8 +177,9 @@ func (p *Publisher) classify(subject string, err error) error {
 		return fmt.Errorf("%w: publish %s: %w", sink.ErrClosed, subject, err)
 	case !p.nc.IsConnected(), errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, nats.ErrConnectionReconnecting):
 		return fmt.Errorf("%w: publish %s: %w", sink.ErrNotConnected, subject, err)
-	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders), errors.Is(err, context.DeadlineExceeded):
-		// No answer at all, or none within the ack timeout.
+	case p.js != nil && (errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded)):
+		// No answer at all, or none within the ack timeout. (On core NATS
+		// there is no stream to ask about.)
 		return p.noStreamAnswered(subject, err)
 	}
 	return fmt.Errorf("publish %s: %w", subject, err)
