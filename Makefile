@@ -50,6 +50,10 @@ FUZZ_TIME ?= 5s
 FUZZ_TARGETS := ./api/v1:FuzzParseReceipt ./api/v1:FuzzParseSnapshotRequest ./reconciler:FuzzParseRecord \
 	./reconciler:FuzzEventRoundTrip ./consumer:FuzzDecode ./sink/natssink:FuzzDecodeMsg ./internal/config:FuzzLoad
 
+# The tools are built without symbol tables or DWARF: nobody debugs them,
+# and linking a dozen large binaries is a good part of their cold build.
+TOOL_LDFLAGS := -ldflags='-s -w'
+
 # The release this source is (internal/version) and the commit it is built
 # from; both end up in the binary, the image's labels and its tag.
 VERSION := $(shell sed -n 's/^var Version = "\(.*\)"/\1/p' internal/version/version.go)
@@ -129,9 +133,16 @@ image: image-binary $(OCIIMAGE) ## Build the image $(IMG) as an archive, bin/ima
 		-label org.opencontainers.image.revision=$(COMMIT)
 
 .PHONY: test
-test: verify-gen vet image $(TEST_DEPS) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(NODE_DEPS) ## Check generated files, vet, build the image, run every test with -race against a real kube-apiserver and NATS (and a real node, as root), then fuzz the decoders.
+test: verify-gen ## Check generated files, vet, build the image, run every test with -race against a real kube-apiserver and NATS (and a real node, as root), then fuzz the decoders.
+	$(MAKE) --no-print-directory -j2 -Otarget test-deps
 	$(GO) test $(TEST_FLAGS) ./...
 	$(MAKE) --no-print-directory fuzz
+
+# What the tests need, built two at a time after verify-gen has rewritten
+# the generated files: a single go build leaves a core idle while it
+# downloads modules or links.
+.PHONY: test-deps
+test-deps: vet image $(TEST_DEPS) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(NODE_DEPS)
 
 .PHONY: fuzz
 fuzz: ## Fuzz every decoder of outside input for FUZZ_TIME each, beyond its corpus (FUZZ_TARGETS).
@@ -169,14 +180,14 @@ bench: $(TEST_DEPS) ## Run the end-to-end benchmark (hours with the defaults: na
 tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(NODE) ## Build controller-gen, kube-apiserver, etcd, kubectl, helm, promtool, prometheus and the test node's parts.
 
 $(CONTROLLER_GEN): $(TOOLS)/go.mod
-	cd $(TOOLS) && GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen
+	cd $(TOOLS) && GOBIN=$(BIN) $(GO) install $(TOOL_LDFLAGS) sigs.k8s.io/controller-tools/cmd/controller-gen
 
 # kube-apiserver, etcd and kubectl come from k8s.io/kubernetes and etcd's
 # server module; this takes several minutes the first time.
 # The test node's kubelet, scheduler, controller-manager and kube-proxy are
 # built in the same go build: they share most of the compile.
 $(KUBE_APISERVER) $(KUBECTL) $(ETCD) $(NODE_KUBE) &: $(TOOLS)/go.mod
-	cd $(TOOLS) && $(GO) build -o $(BIN)/ k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./cmd/etcd \
+	cd $(TOOLS) && $(GO) build $(TOOL_LDFLAGS) -o $(BIN)/ k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./cmd/etcd \
 		k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-proxy
 	touch $(KUBE_APISERVER) $(KUBECTL) $(ETCD) $(NODE_KUBE)
 
@@ -184,12 +195,12 @@ $(KUBE_APISERVER) $(KUBECTL) $(ETCD) $(NODE_KUBE) &: $(TOOLS)/go.mod
 # differ from kube-apiserver's). runc and the CNI plugins come from Debian
 # (.ci/run installs them).
 $(CONTAINERD) &: $(TOOLS)/containerd/go.mod
-	cd $(TOOLS)/containerd && CGO_ENABLED=0 $(GO) build -tags no_btrfs,no_devmapper,no_zfs -o $(BIN)/ \
+	cd $(TOOLS)/containerd && CGO_ENABLED=0 $(GO) build $(TOOL_LDFLAGS) -tags no_btrfs,no_devmapper,no_zfs -o $(BIN)/ \
 		github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr
 	touch $(CONTAINERD)
 
 $(COREDNS): $(TOOLS)/coredns/go.mod $(TOOLS)/coredns/main.go
-	cd $(TOOLS)/coredns && $(GO) build -o $(COREDNS) .
+	cd $(TOOLS)/coredns && $(GO) build $(TOOL_LDFLAGS) -o $(COREDNS) .
 
 $(OCIIMAGE): hack/ociimage/go.mod hack/ociimage/main.go
 	cd hack/ociimage && $(GO) build -o $(OCIIMAGE) .
@@ -198,7 +209,7 @@ $(OCIIMAGE): hack/ociimage/go.mod hack/ociimage/main.go
 # version the tests embed, under the name deploy/nats gives it, and the pod
 # sandbox's pause program.
 $(IMAGES)/nats.tar: go.mod $(OCIIMAGE)
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/image/nats-server github.com/nats-io/nats-server/v2
+	CGO_ENABLED=0 $(GO) build -trimpath $(TOOL_LDFLAGS) -o $(BIN)/image/nats-server github.com/nats-io/nats-server/v2
 	$(OCIIMAGE) -out $@ -tag $$(sed -n 's/^ *image: \(nats:.*\)/\1/p' deploy/nats/statefulset.yaml) -entrypoint /nats-server -user 1000:1000 \
 		-file $(BIN)/image/nats-server:/nats-server:0755
 
@@ -218,13 +229,14 @@ node: $(NODE) $(CONTROL_PLANE) ## Build the test node's parts: kubelet, schedule
 # kube-apiserver's); only the chart tests need it, so `make run` never waits
 # for it.
 $(HELM): $(TOOLS)/helm/go.mod
-	cd $(TOOLS)/helm && GOBIN=$(BIN) $(GO) install helm.sh/helm/v4/cmd/helm
+	cd $(TOOLS)/helm && GOBIN=$(BIN) $(GO) install $(TOOL_LDFLAGS) helm.sh/helm/v4/cmd/helm
 	touch $(HELM)
 
 # promtool and the Prometheus server, for the alerts' tests, have a module
-# of their own too.
+# of their own too. The tests scrape static targets: remove_all_sd leaves
+# out every cloud's service discovery (and its SDK), half the build.
 $(PROMTOOL) $(PROMETHEUS) &: $(TOOLS)/prometheus/go.mod
-	cd $(TOOLS)/prometheus && GOBIN=$(BIN) $(GO) install github.com/prometheus/prometheus/cmd/promtool github.com/prometheus/prometheus/cmd/prometheus
+	cd $(TOOLS)/prometheus && GOBIN=$(BIN) $(GO) install $(TOOL_LDFLAGS) -tags remove_all_sd github.com/prometheus/prometheus/cmd/promtool github.com/prometheus/prometheus/cmd/prometheus
 	touch $(PROMTOOL) $(PROMETHEUS)
 
 .PHONY: monitoring-crds
