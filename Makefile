@@ -47,8 +47,8 @@ TEST_FLAGS ?= -race -count=1 -timeout 30m
 # corpus by make test: package:target. A failure's input lands in the
 # package's testdata/fuzz; commit it with the fix.
 FUZZ_TIME ?= 5s
-FUZZ_TARGETS := ./api/v1:FuzzParseReceipt ./api/v1:FuzzParseSnapshotRequest ./reconciler:FuzzParseRecord \
-	./reconciler:FuzzEventRoundTrip ./consumer:FuzzDecode ./sink/natssink:FuzzDecodeMsg ./internal/config:FuzzLoad
+FUZZ_TARGETS := ./api/v1:FuzzParseReceipt ./api/v1:FuzzParseSnapshotRequest ./api/contract:FuzzParseRecord \
+	./sink/natssink:FuzzEventRoundTrip ./consumer:FuzzDecode ./sink/natssink:FuzzDecodeMsg ./internal/config:FuzzLoad
 
 # The tools are built without symbol tables or DWARF: nobody debugs them,
 # and linking a dozen large binaries is a good part of their cold build.

@@ -28,12 +28,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/bridgetest"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
-	"github.com/student-bridge/student-bridge/reconciler"
 )
 
 var monitoringDir = filepath.Join(stack.RepoRoot(), "deploy", "monitoring")
@@ -434,7 +434,7 @@ scrape_configs:
 		if err != nil {
 			return err
 		}
-		if rec, ok := reconciler.ParseRecord(e.Key(), e.Value()); !ok || rec.Pending {
+		if rec, ok := contract.ParseRecord(e.Key(), e.Value()); !ok || rec.Pending {
 			return fmt.Errorf("record %q not written yet", e.Value())
 		}
 		return nil

@@ -7,7 +7,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 var statusBacklog = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -15,18 +14,16 @@ var statusBacklog = prometheus.NewGauge(prometheus.GaugeOpts{
 	Help: "Students whose status view waits for the status writer (at most status.qps writes a second).",
 })
 
-func init() { metrics.Registry.MustRegister(statusBacklog) }
-
 // backlog is the status writer's queue: the Students whose status was asked
 // for, each once, in the order first asked, with when that was. A map and a
-// slice: a client-go work queue beside a sync.Map of the times took 2.5
-// times the memory.
+// slice: a client-go work queue beside a sync.Map of the times takes
+// several times the memory.
 //
 // A start asks for the view of every Student its initial list found
-// published as it is (unchanged): at 100,000 Students that is all of them,
-// and after a bulk import most have a view the budget never wrote. Those
-// are kept apart, as a plain list asked for at one time (32 bytes a
-// Student, not about 130), and taken once nothing else waits: a Student
+// published as it is (unchanged): after a restart that is nearly all of
+// them, and after a bulk import most have a view the budget never wrote. Those
+// are kept apart, as a plain list asked for at one time (a key each, not
+// a queue entry and a time), and taken once nothing else waits: a Student
 // asked for since is written first, and again from the list only if its
 // view changed meanwhile.
 type backlog struct {

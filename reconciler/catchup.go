@@ -8,11 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	"sigs.k8s.io/controller-runtime/pkg/event"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
-	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 )
@@ -33,14 +29,12 @@ var (
 	})
 )
 
-func init() { metrics.Registry.MustRegister(catchUpPending, catchUpDuration, publishingSince) }
-
-// catchUp tracks the Students the bridge must look at again because it was
+// catchUpTracker tracks the Students the bridge must look at again because it was
 // away from them: after a start (the watch's initial list, and the records
 // whose Students are gone) or when it gained a shard. A catch-up ends when
 // every one of them was reconciled without an error and nothing holds it
 // open.
-type catchUp struct {
+type catchUpTracker struct {
 	mu      sync.Mutex
 	pending map[types.NamespacedName]struct{}
 	holds   int
@@ -50,7 +44,7 @@ type catchUp struct {
 
 // add counts keys as queued by a catch-up. None starts none: a gained
 // shard whose Students need no reconcile has nothing to catch up with.
-func (c *catchUp) add(keys ...types.NamespacedName) {
+func (c *catchUpTracker) add(keys ...types.NamespacedName) {
 	if len(keys) == 0 {
 		return
 	}
@@ -71,7 +65,7 @@ func (c *catchUp) add(keys ...types.NamespacedName) {
 
 // hold keeps a catch-up open until release is called: while more of it is
 // still to be queued.
-func (c *catchUp) hold() (release func()) {
+func (c *catchUpTracker) hold() (release func()) {
 	c.mu.Lock()
 	c.begin()
 	c.holds++
@@ -88,7 +82,7 @@ func (c *catchUp) hold() (release func()) {
 }
 
 // done counts key as reconciled.
-func (c *catchUp) done(key types.NamespacedName) {
+func (c *catchUpTracker) done(key types.NamespacedName) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.pending[key]; !ok {
@@ -103,13 +97,13 @@ func (c *catchUp) done(key types.NamespacedName) {
 }
 
 // begin starts a catch-up if none is going on.
-func (c *catchUp) begin() {
+func (c *catchUpTracker) begin() {
 	if len(c.pending) == 0 && c.holds == 0 {
 		c.started, c.queued = time.Now(), 0
 	}
 }
 
-func (c *catchUp) endIfDone() {
+func (c *catchUpTracker) endIfDone() {
 	if len(c.pending) > 0 || c.holds > 0 || c.started.IsZero() {
 		return
 	}
@@ -121,7 +115,7 @@ func (c *catchUp) endIfDone() {
 
 // Pending is how many Students the current catch-up has still to
 // reconcile.
-func (c *catchUp) Pending() int {
+func (c *catchUpTracker) Pending() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.pending)
@@ -138,34 +132,11 @@ func (r *StudentReconciler) workersStarted() {
 // HoldCatchUp keeps the start's catch-up open until release is called:
 // call it before the records load, and release once the records of
 // Students gone while no bridge ran are queued (CatchUp).
-func (r *StudentReconciler) HoldCatchUp() (release func()) { return r.caughtUp.hold() }
+func (r *StudentReconciler) HoldCatchUp() (release func()) { return r.catchUps.hold() }
 
 // CatchUpPending is how many Students queued by a catch-up are not
 // reconciled yet.
-func (r *StudentReconciler) CatchUpPending() int { return r.caughtUp.Pending() }
-
-// skipUnchanged drops, from the watch's initial list, the Students that
-// need no reconcile: their state is what was last published and, when the
-// bridge holds deletes, they carry its finalizer. Their status view may
-// still be behind (it is written on a budget), so it goes to the status
-// writer directly, behind what is asked for since (EnqueueUnchanged). A
-// restart with every Student published then reconciles only what changed
-// meanwhile, not every Student. Until the records are
-// loaded it cannot tell: the list waits for them once, at most
-// initialListWait (nothing is published before they are loaded anyway),
-// and is queued as it comes if they take longer.
-func (r *StudentReconciler) skipUnchanged() predicate.Predicate {
-	return predicate.Funcs{
-		CreateFunc: func(e event.CreateEvent) bool {
-			s, ok := e.Object.(*studentv1.Student)
-			if !ok || !e.IsInInitialList || !r.recordsForInitialList() || r.needsReconcile(s) {
-				return true
-			}
-			r.Status.EnqueueUnchanged(client.ObjectKeyFromObject(s))
-			return false
-		},
-	}
-}
+func (r *StudentReconciler) CatchUpPending() int { return r.catchUps.Pending() }
 
 // initialListWait bounds how long the watch's initial list waits for the
 // records' first load: a cache that syncs before them would otherwise
@@ -187,17 +158,4 @@ func (r *StudentReconciler) recordsForInitialList() bool {
 // its status: a change to publish, or the finalizer to put back.
 func (r *StudentReconciler) needsReconcile(s *studentv1.Student) bool {
 	return r.needsPublish(s) || r.HoldWithFinalizer && !controllerutil.ContainsFinalizer(s, studentv1.Finalizer)
-}
-
-// trackInitialList counts the Students of the watch's initial list as a
-// catch-up: the bridge was away from them.
-func (r *StudentReconciler) trackInitialList() predicate.Predicate {
-	return predicate.Funcs{
-		CreateFunc: func(e event.CreateEvent) bool {
-			if e.IsInInitialList {
-				r.caughtUp.add(client.ObjectKeyFromObject(e.Object))
-			}
-			return true
-		},
-	}
 }

@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
@@ -62,22 +63,41 @@ const (
 // Stages lists every stage, in the order a change goes through them.
 var Stages = []string{StageQueue, StageWriteAhead, StagePublish, StageRecord, StageFinalizer, StageStatus, StageKubernetesEvent}
 
-func init() {
-	metrics.Registry.MustRegister(eventsPublished, publishErrors, publishLatency, stageLatency)
-	// Every series an alert or the dashboard reads is exported from the
-	// start, at 0: a rate over a series that appears only with its first
-	// error would miss that error.
-	for _, typ := range []string{studentv1.EventTypeCreated, studentv1.EventTypeUpdated, studentv1.EventTypeDeleted, studentv1.EventTypeSnapshot} {
-		for _, result := range []string{resultSuccess, resultDuplicate, resultError} {
-			eventsPublished.WithLabelValues(typ, result)
+var registerOnce sync.Once
+
+// RegisterMetrics registers the reconciler's metrics with
+// controller-runtime's registry, the one the manager serves; once per
+// process, however many bridges it runs. Every series an alert or the
+// dashboard reads is exported from then, at 0: a rate over a series that
+// appears only with its first error would miss that error.
+func RegisterMetrics() {
+	registerOnce.Do(func() {
+		metrics.Registry.MustRegister(eventsPublished, publishErrors, publishLatency, stageLatency,
+			storeOps, loadDuration, recordsGauge, unsavedGauge,
+			statusWrites, statusBacklog, receiptUpdates, serviceStudents,
+			catchUpPending, catchUpDuration, publishingSince)
+		for _, typ := range []string{studentv1.EventTypeCreated, studentv1.EventTypeUpdated, studentv1.EventTypeDeleted, studentv1.EventTypeSnapshot} {
+			for _, result := range []string{resultSuccess, resultDuplicate, resultError} {
+				eventsPublished.WithLabelValues(typ, result)
+			}
 		}
-	}
-	for _, r := range errorReasons {
-		publishErrors.WithLabelValues(r.reason)
-	}
-	for _, s := range Stages {
-		stageLatency.WithLabelValues(s) // every stage exported from the start, at 0
-	}
+		for _, r := range errorReasons {
+			publishErrors.WithLabelValues(r.reason)
+		}
+		for _, s := range Stages {
+			stageLatency.WithLabelValues(s)
+		}
+		for _, op := range []string{"load", "put", "delete"} {
+			for _, result := range []string{resultSuccess, "conflict", resultError} {
+				storeOps.WithLabelValues(op, result)
+			}
+		}
+		statusWrites.WithLabelValues(resultSuccess)
+		statusWrites.WithLabelValues(resultError)
+		for _, result := range []string{"applied", "failed", "removed", "malformed", "unknownStudent"} {
+			receiptUpdates.WithLabelValues(result)
+		}
+	})
 }
 
 // errorReasons name the sink's errors in student_bridge_publish_errors_total;

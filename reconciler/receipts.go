@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/sink"
@@ -21,13 +20,6 @@ var receiptUpdates = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "student_bridge_receipts_total",
 	Help: "Updates of the receipts bucket the bridge read, by result (applied, failed, removed, malformed, unknownStudent, otherCluster: a fleet's other cluster).",
 }, []string{"result"})
-
-func init() {
-	metrics.Registry.MustRegister(receiptUpdates)
-	for _, result := range []string{"applied", "failed", "removed", "malformed", "unknownStudent"} {
-		receiptUpdates.WithLabelValues(result) // exported from the start, at 0
-	}
-}
 
 // CountReceipt counts one update of the receipts bucket by result.
 func CountReceipt(result string) { receiptUpdates.WithLabelValues(result).Inc() }

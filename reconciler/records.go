@@ -12,8 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/sink"
 )
@@ -37,15 +37,6 @@ var (
 		Help: "Published records the record store has not accepted yet; while above 0 the bridge publishes nothing new.",
 	})
 )
-
-func init() {
-	metrics.Registry.MustRegister(storeOps, loadDuration, recordsGauge, unsavedGauge)
-	for _, op := range []string{"load", "put", "delete"} {
-		for _, result := range []string{resultSuccess, "conflict", resultError} {
-			storeOps.WithLabelValues(op, result) // exported from the start, at 0
-		}
-	}
-}
 
 // Records is the bridge's memory of what it published: the record store
 // (a sink.Store, a JetStream key-value bucket in production), loaded once
@@ -147,8 +138,8 @@ func (r *Records) whenLoaded(f func()) {
 //
 // A replica holds every record from its start, so most of the store is
 // what it holds already: a record held at the revision the store has is
-// not decoded again (at 100,000 Students decoding them all was a third of
-// a reload, which a failover waits for).
+// not decoded again (decoding is most of a reload at scale, and a
+// failover waits for the reload).
 func (r *Records) ReloadWhere(ctx context.Context, in func(studentv1.StudentRecord) bool) error {
 	if err := r.Wait(ctx); err != nil {
 		return err
@@ -210,8 +201,8 @@ func readStoreExcept(ctx context.Context, store sink.Store, skip func(key string
 		return nil, err
 	}
 	storeOps.WithLabelValues("load", resultSuccess).Inc()
-	// Sized once: grown by appends, the slice of 100,000 records was
-	// copied over and over, a third of a start's load.
+	// Sized once: grown by appends, a large store's slice is copied over
+	// and over.
 	n := 0
 	for _, rec := range all {
 		if !skip(rec.Key, rec.Revision) {
@@ -221,7 +212,9 @@ func readStoreExcept(ctx context.Context, store sink.Store, skip func(key string
 	}
 	out := make([]storedRecord, 0, n)
 	for _, rec := range all[:n] {
-		if sr, ok := ParseRecord(rec.Key, rec.Value); ok {
+		if sr, ok := contract.ParseRecord(rec.Key, rec.Value); ok {
+			// Held once, not once per record.
+			sr.Namespace, sr.Published.Type = intern(sr.Namespace), intern(sr.Published.Type)
 			out = append(out, storedRecord{rec: sr, revision: rec.Revision})
 		}
 	}
@@ -246,18 +239,6 @@ func (r *Records) Stored(ctx context.Context) ([]studentv1.StudentRecord, error)
 		out[i] = sr.rec
 	}
 	return out, nil
-}
-
-// ParseRecord reads a record store entry: ok is false for a key that holds
-// no record of a Student under its uid (another key, e.g. the shard count,
-// or a value that is not ours to interpret).
-func ParseRecord(key string, value []byte) (rec studentv1.StudentRecord, ok bool) {
-	if err := json.Unmarshal(value, &rec); err != nil || rec.UID == "" || string(rec.UID) != key {
-		return studentv1.StudentRecord{}, false
-	}
-	// Held once, not once per record.
-	rec.Namespace, rec.Published.Type = intern(rec.Namespace), intern(rec.Published.Type)
-	return rec, true
 }
 
 // Wait blocks until the first Load finished.
@@ -377,7 +358,7 @@ func (r *Records) Save(ctx context.Context, rec studentv1.StudentRecord) error {
 	if err != nil {
 		return fmt.Errorf("encode record %s: %w", uid, err)
 	}
-	newRevision, err := r.store.Put(ctx, string(uid), value, revision)
+	newRevision, err := r.store.Put(ctx, contract.RecordKey(uid), value, revision)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	err = r.settleLocked(ctx, uid, e, newRevision, err)
@@ -441,7 +422,7 @@ func (r *Records) Remove(ctx context.Context, uid types.UID) error {
 
 	var err error
 	if revision != 0 {
-		err = r.store.Delete(ctx, string(uid), revision)
+		err = r.store.Delete(ctx, contract.RecordKey(uid), revision)
 		storeOps.WithLabelValues("delete", opResult(err)).Inc()
 	}
 	r.mu.Lock()
@@ -465,7 +446,7 @@ func (r *Records) flushLocked(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("encode record %s: %w", uid, err)
 		}
-		rev, err := r.store.Put(ctx, string(uid), value, e.revision)
+		rev, err := r.store.Put(ctx, contract.RecordKey(uid), value, e.revision)
 		if err := r.settleLocked(ctx, uid, e, rev, err); err != nil {
 			errs = append(errs, err)
 		}
@@ -477,12 +458,11 @@ func (r *Records) flushLocked(ctx context.Context) error {
 
 // rereadLocked replaces the memory of uid with what the store holds.
 func (r *Records) rereadLocked(ctx context.Context, uid types.UID) {
-	rec, err := r.store.Get(ctx, string(uid))
-	var sr studentv1.StudentRecord
-	switch {
-	case errors.Is(err, sink.ErrNotFound):
+	key := contract.RecordKey(uid)
+	rec, err := r.store.Get(ctx, key)
+	if errors.Is(err, sink.ErrNotFound) {
 		r.dropLocked(uid)
-	case err == nil && json.Unmarshal(rec.Value, &sr) == nil:
+	} else if sr, ok := contract.ParseRecord(key, rec.Value); err == nil && ok {
 		r.setLocked(sr, rec.Revision, true)
 	}
 }

@@ -5,7 +5,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 )
@@ -22,8 +21,6 @@ var serviceStudents = &servicesCollector{
 		[]string{"service", "state"}, nil),
 	sources: map[*StudentReconciler]struct{}{},
 }
-
-func init() { metrics.Registry.MustRegister(serviceStudents) }
 
 type servicesCollector struct {
 	desc    *prometheus.Desc

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/sink"
 )
@@ -73,16 +74,16 @@ func (s *Snapshotter) Snapshot(ctx context.Context, namespace, run string) (Snap
 		if !stu.DeletionTimestamp.IsZero() {
 			continue
 		}
-		ev, err := NewEvent(s.Cluster, studentv1.EventTypeSnapshot, snapshotID(stu, run), stu, nil, now())
+		ev, err := contract.NewEvent(s.Cluster, studentv1.EventTypeSnapshot, snapshotID(stu, run), stu, nil, now())
 		if err != nil {
 			return res, err
 		}
 		if last, ok := published[stu.UID]; ok {
-			Chain(&ev, Sequence(studentv1.EventTypeSnapshot, &last), last.ID)
+			contract.Chain(&ev, contract.Sequence(studentv1.EventTypeSnapshot, &last), last.ID)
 		}
 		receipt, err := send(ctx, s.Sink, ev)
 		if err != nil {
-			return res, fmt.Errorf("publish snapshot of %s: %w", Subject(stu), err)
+			return res, fmt.Errorf("publish snapshot of %s: %w", contract.Subject(stu), err)
 		}
 		if res.FirstSequence == 0 || (receipt.Sequence > 0 && receipt.Sequence < res.FirstSequence) {
 			res.FirstSequence = receipt.Sequence

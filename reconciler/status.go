@@ -25,8 +25,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 )
 
@@ -34,12 +34,6 @@ var statusWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "student_bridge_status_writes_total",
 	Help: "Status writes of the status view, by result (success, error).",
 }, []string{"result"})
-
-func init() {
-	metrics.Registry.MustRegister(statusWrites)
-	statusWrites.WithLabelValues(resultSuccess)
-	statusWrites.WithLabelValues(resultError)
-}
 
 // StatusWriter writes the status view of Students after the fact: what the
 // bridge published is already in the record store, the status only shows
@@ -291,7 +285,7 @@ func publishedCondition(stu *studentv1.Student, last *studentv1.PublishedEvent, 
 		c.Status = metav1.ConditionFalse
 		c.Reason = failureReason(pubErr)
 		c.Message = pubErr.Error()
-	case last != nil && NextChange(stu, last) == "":
+	case last != nil && contract.NextChange(stu, last) == "":
 		c.Status = metav1.ConditionTrue
 		c.Reason = studentv1.ReasonPublished
 		c.Message = publishedMessage(last)

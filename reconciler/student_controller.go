@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/sink"
 )
@@ -95,11 +96,12 @@ type StudentReconciler struct {
 	// seen holds when the watch first showed a change of a Student that
 	// no reconcile has started for yet: the queue stage's start.
 	seen sync.Map // types.NamespacedName -> time.Time
-	// catchUp receives the records of Students the cache does not have.
-	catchUp chan event.TypedGenericEvent[*studentv1.Student]
-	// caughtUp tracks what catch-ups queued until it is reconciled.
-	caughtUp catchUp
-	// listWait is the initial list's one wait for the records (skipUnchanged).
+	// toQueue hands what a catch-up found (CatchUp, EnqueueShard) to the
+	// controller, as the watch hands it changes.
+	toQueue chan event.TypedGenericEvent[*studentv1.Student]
+	// catchUps tracks what catch-ups queued until it is reconciled.
+	catchUps catchUpTracker
+	// listWait is the initial list's one wait for the records (watchHandler).
 	listWait sync.Once
 
 	inFlight atomic.Int32 // reconciles running now
@@ -123,7 +125,7 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 		// Done with, for a catch-up: reconciled, or it cannot be until
 		// the Student changes (a terminal error).
 		if err == nil && result.IsZero() || errors.Is(err, reconcile.TerminalError(nil)) {
-			r.caughtUp.done(req.NamespacedName)
+			r.catchUps.done(req.NamespacedName)
 		}
 	}()
 	if r.Shards != nil {
@@ -181,7 +183,7 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 
 func (r *StudentReconciler) reconcileNormal(ctx context.Context, stu *studentv1.Student) error {
 	last := lastPublished(r.Records.Get(stu.UID))
-	if typ := NextChange(stu, last); typ != "" {
+	if typ := contract.NextChange(stu, last); typ != "" {
 		if err := r.publish(ctx, stu, typ, last); err != nil {
 			return err
 		}
@@ -392,19 +394,19 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		previousID = last.ID
 	}
 	now := r.now()
-	ev, err := NewEvent(r.Cluster, typ, EventID(typ, stu, previousID), stu, last, now)
+	ev, err := contract.NewEvent(r.Cluster, typ, contract.EventID(typ, stu, previousID), stu, last, now)
 	if err != nil {
 		r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, studentv1.ReasonInvalid, "Publish", "cannot build %s event: %v", typ, err)
 		return r.failed(key, reconcile.TerminalError(err))
 	}
-	seq := Sequence(typ, last)
+	seq := contract.Sequence(typ, last)
 	stored, known := r.Records.Get(stu.UID)
 	if known && stored.Pending && stored.Published.ID != ev.ID() {
 		// The first event may be out already (its record is pending):
 		// this one counts on from it, so no two events share a number.
 		seq, previousID = stored.Published.StudentSequence+1, stored.Published.ID
 	}
-	Chain(&ev, seq, previousID)
+	contract.Chain(&ev, seq, previousID)
 	carryTrace(ctx, &ev)
 	rec := studentv1.StudentRecord{
 		Namespace: stu.Namespace,
@@ -550,15 +552,14 @@ func (r *StudentReconciler) CatchUp(ctx context.Context, cached client.Reader) (
 // needsPublish says whether s has a change to publish: it is being
 // deleted, or its state is not what was last published.
 func (r *StudentReconciler) needsPublish(s *studentv1.Student) bool {
-	return !s.DeletionTimestamp.IsZero() || NextChange(s, lastPublished(r.Records.Get(s.UID))) != ""
+	return !s.DeletionTimestamp.IsZero() || contract.NextChange(s, lastPublished(r.Records.Get(s.UID))) != ""
 }
 
 // cachedAndGone lists the Students in the cache, and the records of those
 // the cache has no Student for (deleted, or out of scope). The Students
 // are shallow copies of the cache's, to be read only. A list per watched
 // namespace: one across the namespaces of a multi-namespace cache copies
-// every Student twice, which at 100,000 Students was 0.25 s of a restart
-// and of a failover.
+// every Student twice, which a restart and a failover wait for.
 func (r *StudentReconciler) cachedAndGone(ctx context.Context, cached client.Reader) ([]*studentv1.Student, []studentv1.StudentRecord, error) {
 	namespaces := r.Namespaces
 	if len(namespaces) == 0 {
@@ -597,10 +598,10 @@ func (r *StudentReconciler) enqueue(ctx context.Context, objs []*studentv1.Stude
 	for i, o := range objs {
 		keys[i] = client.ObjectKeyFromObject(o)
 	}
-	r.caughtUp.add(keys...)
+	r.catchUps.add(keys...)
 	for i, o := range objs {
 		select {
-		case r.catchUp <- event.TypedGenericEvent[*studentv1.Student]{Object: o}:
+		case r.toQueue <- event.TypedGenericEvent[*studentv1.Student]{Object: o}:
 		case <-ctx.Done():
 			return i, ctx.Err()
 		}
@@ -622,7 +623,7 @@ type ShardOwner interface {
 // shard must take over. It queues those that need a reconcile (what
 // changed, what lost its finalizer, what is gone: what the shard's
 // consumers are waiting for) and asks only for the status view of the
-// others, as a start does (skipUnchanged). It returns how many it queued.
+// others, as a start does (watchHandler). It returns how many it queued.
 func (r *StudentReconciler) EnqueueShard(ctx context.Context, cached client.Reader, in func(types.NamespacedName) bool) (int, error) {
 	// Read only, as in CatchUp.
 	students, gone, err := r.cachedAndGone(ctx, cached)
@@ -659,7 +660,7 @@ func (r *StudentReconciler) Unpublished(ctx context.Context, cached client.Reade
 	}
 	out := map[int]int{}
 	for _, s := range students {
-		if g, ok := group(client.ObjectKeyFromObject(s)); ok && NextChange(s, lastPublished(r.Records.Get(s.UID))) != "" {
+		if g, ok := group(client.ObjectKeyFromObject(s)); ok && contract.NextChange(s, lastPublished(r.Records.Get(s.UID))) != "" {
 			out[g]++
 		}
 	}
@@ -674,23 +675,29 @@ func (r *StudentReconciler) Unpublished(ctx context.Context, cached client.Reade
 
 // SetupWithManager registers the reconciler with mgr.
 func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
-	r.catchUp = make(chan event.TypedGenericEvent[*studentv1.Student], 1024)
+	r.toQueue = make(chan event.TypedGenericEvent[*studentv1.Student], 1024)
 	if opts.NewQueue == nil {
 		// A catch-up waits behind live changes for LowPriorityWait at
 		// most. The start's catch-up is held open until the workers
 		// start: the watch's initial list is all queued then.
 		opts.NewQueue = newAgingQueue(LowPriorityWait, mgr.GetLogger().WithName("queue"), func() func() {
-			release := r.caughtUp.hold()
+			release := r.catchUps.hold()
 			return func() { release(); r.workersStarted() }
 		})
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
-		// stamp last: it sees only what reaches the queue.
-		For(&studentv1.Student{}, builder.WithPredicates(changePredicate(), r.ours(), r.rememberGone(), r.skipUnchanged(), r.trackInitialList(), r.stamp())).
-		WatchesRawSource(source.Channel(r.catchUp, &handler.TypedEnqueueRequestForObject[*studentv1.Student]{})).
+		Watches(&studentv1.Student{}, r.watchHandler(), builder.WithPredicates(r.predicates()...)).
+		WatchesRawSource(source.Channel(r.toQueue, &handler.TypedEnqueueRequestForObject[*studentv1.Student]{})).
 		WithOptions(opts).
 		Complete(r)
+}
+
+// predicates are the filters of the Students' watch, in order. Each only
+// filters: what the bridge does when a change arrives, the watch handler
+// does.
+func (r *StudentReconciler) predicates() []predicate.Predicate {
+	return []predicate.Predicate{changePredicate(), r.ours()}
 }
 
 // ours drops, with shards, the changes of Students of shards another
@@ -700,28 +707,6 @@ func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.O
 func (r *StudentReconciler) ours() predicate.Predicate {
 	return predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return r.Shards == nil || r.Shards.Owns(client.ObjectKeyFromObject(o))
-	})
-}
-
-// rememberGone keeps the last state the watch showed of a deleted Student:
-// without a finalizer it is the final state its deleted event carries.
-func (r *StudentReconciler) rememberGone() predicate.Predicate {
-	return predicate.Funcs{
-		DeleteFunc: func(e event.DeleteEvent) bool {
-			if s, ok := e.Object.(*studentv1.Student); ok {
-				r.gone.Store(client.ObjectKeyFromObject(s), s)
-			}
-			return true
-		},
-	}
-}
-
-// stamp remembers when the watch showed a change of a Student whose
-// reconcile has not started yet: where the queue stage begins.
-func (r *StudentReconciler) stamp() predicate.Predicate {
-	return predicate.NewPredicateFuncs(func(o client.Object) bool {
-		r.seen.LoadOrStore(client.ObjectKeyFromObject(o), time.Now())
-		return true
 	})
 }
 

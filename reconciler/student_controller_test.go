@@ -35,6 +35,7 @@ import (
 var st *stack.Stack
 
 func TestMain(m *testing.M) {
+	reconciler.RegisterMetrics()
 	os.Exit(stacktest.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
 }
 

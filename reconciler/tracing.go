@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 )
 
@@ -26,7 +27,7 @@ func startPublish(ctx context.Context, stu *studentv1.Student, typ string) (cont
 		ctx = propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": tp})
 	}
 	return tracer().Start(ctx, "publish "+studentv1.Operation(typ), trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(attribute.String("student", Subject(stu)), attribute.String("student.uid", string(stu.UID))))
+		trace.WithAttributes(attribute.String("student", contract.Subject(stu)), attribute.String("student.uid", string(stu.UID))))
 }
 
 // startStep starts a child span of one step of a publish.

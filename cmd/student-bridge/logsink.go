@@ -10,8 +10,8 @@ import (
 // hands them to the sink under it only with a line it writes. zap encodes
 // them at once, and controller-runtime adds four to a logger made for each
 // reconcile (the Student, its namespace and name, the reconcile's id), of
-// which almost none writes a line: 3.8 % of the bridge's CPU at 300
-// changes/s went to encoding values nobody read. The lines are the same:
+// which almost none writes a line: under load, a visible share of the
+// bridge's CPU went to encoding values nobody read. The lines are the same:
 // the values come before the line's own, as zap puts them.
 type lazyValues struct {
 	sink logr.LogSink

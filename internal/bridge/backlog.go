@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 // shardBacklog is student_bridge_shard_unpublished: per shard this replica
@@ -20,8 +19,6 @@ var shardBacklog = &backlogCollector{
 		[]string{"shard"}, nil),
 	sources: map[*backlogSource]struct{}{},
 }
-
-func init() { metrics.Registry.MustRegister(shardBacklog) }
 
 // backlogSource is one bridge's count: held lists its shards, count their
 // backlogs (shards without one may be missing).

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -27,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -35,6 +37,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/kubeevents"
 	"github.com/student-bridge/student-bridge/internal/natsconn"
 	"github.com/student-bridge/student-bridge/internal/scheme"
+	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/internal/tracing"
 	"github.com/student-bridge/student-bridge/internal/version"
 	"github.com/student-bridge/student-bridge/reconciler"
@@ -50,6 +53,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 		"stream", cfg.NATS.Stream.Name, "bucket", cfg.State.Bucket, "cluster", cfg.Cluster, "namespaces", cfg.Namespaces,
 		"leaderElection", cfg.LeaderElection.Enabled, "holdDeletesWithFinalizer", cfg.Deletes.HoldWithFinalizer)
 
+	registerMetrics()
 	setMemoryLimit(cfg, log)
 	layout, err := natssink.NewSubjectLayout(cfg.NATS.SubjectPrefix, cfg.NATS.SubjectLayout)
 	if err != nil {
@@ -137,6 +141,25 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+var registerOnce sync.Once
+
+// registerMetrics registers every metric of the bridge with
+// controller-runtime's registry, which the manager serves on
+// metrics-bind-address; once per process, however many bridges it runs.
+func registerMetrics() {
+	registerOnce.Do(func() {
+		version.RegisterMetrics()
+		natsconn.RegisterMetrics()
+		kubeevents.RegisterMetrics()
+		shards.RegisterMetrics()
+		reconciler.RegisterMetrics()
+		crmetrics.Registry.MustRegister(snapshotRequests, shardBacklog)
+		for _, r := range []string{snapshotNewRun, snapshotCoalesced, snapshotRefused} {
+			snapshotRequests.WithLabelValues(r)
+		}
+	})
 }
 
 func newPublisher(cfg *config.Config, nc *nats.Conn, layout natssink.SubjectLayout, mover *natssink.Mover) (*natssink.Publisher, error) {

@@ -23,8 +23,8 @@ func newMapper(c *rest.Config, httpClient *http.Client) (meta.RESTMapper, error)
 // knownMappings remembers each REST mapping of one kind and version once
 // found. With namespaces configured, the cache asks the mapper for the
 // Student's scope on every read (controller-runtime's multi-namespace
-// cache), and the mapper walks every API group it knows each time: 5 % of
-// the bridge's CPU at 300 changes/s. The kinds the bridge reads (Students,
+// cache), and the mapper walks every API group it knows each time, a
+// visible share of the bridge's CPU under load. The kinds the bridge reads (Students,
 // Leases, Events) keep their scope while it runs; a kind not found is not
 // remembered, so a CRD installed later is still found.
 type knownMappings struct {

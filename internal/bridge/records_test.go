@@ -12,9 +12,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
-	"github.com/student-bridge/student-bridge/reconciler"
 )
 
 // TestRecordStoreUnavailable: while the bucket refuses writes, an update
@@ -121,7 +121,7 @@ func TestUpgradeFromStatusRecords(t *testing.T) {
 		if err := st.Client.Create(ctx, stu); err != nil {
 			t.Fatal(err)
 		}
-		id := reconciler.EventID(studentv1.EventTypeCreated, stu, "")
+		id := contract.EventID(studentv1.EventTypeCreated, stu, "")
 		ids = append(ids, id)
 		stu.Status.LastPublished = &studentv1.PublishedEvent{
 			Type: studentv1.EventTypeCreated, ID: id, Time: metav1.NewTime(time.Now().Truncate(time.Second)),
@@ -140,7 +140,7 @@ func TestUpgradeFromStatusRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, id := range ids {
-		ev, err := reconciler.NewEvent(cfg.Cluster, studentv1.EventTypeCreated, id, getStudent(t, ns, fmt.Sprintf("old-%d", i)), nil, time.Now())
+		ev, err := contract.NewEvent(cfg.Cluster, studentv1.EventTypeCreated, id, getStudent(t, ns, fmt.Sprintf("old-%d", i)), nil, time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -177,7 +177,7 @@ func TestUpgradeFromStatusRecords(t *testing.T) {
 	patch(t, getStudent(t, ns, "old-0"), func(s *studentv1.Student) { s.Spec.School = "beijing" })
 	got := waitStream(t, nc, cfg.NATS.Stream.Name, 3)[2]
 	old0 := getStudent(t, ns, "old-0")
-	if want := reconciler.EventID(studentv1.EventTypeUpdated, old0, ids[0]); got.Event.ID() != want || got.Data.PreviousSpec == nil || got.Data.PreviousSpec.School != "china" {
+	if want := contract.EventID(studentv1.EventTypeUpdated, old0, ids[0]); got.Event.ID() != want || got.Data.PreviousSpec == nil || got.Data.PreviousSpec.School != "china" {
 		t.Errorf("first event after the upgrade: %s id %s previous %+v, want updated id %s chained to the status", got.Event.Type(), got.Event.ID(), got.Data.PreviousSpec, want)
 	}
 	seen, err := sub.Events()
@@ -202,7 +202,7 @@ func TestSeedIgnoresAnotherStreamsStatus(t *testing.T) {
 		t.Fatal(err)
 	}
 	stu.Status.LastPublished = &studentv1.PublishedEvent{
-		Type: studentv1.EventTypeCreated, ID: reconciler.EventID(studentv1.EventTypeCreated, stu, ""), Time: metav1.NewTime(time.Now().Truncate(time.Second)),
+		Type: studentv1.EventTypeCreated, ID: contract.EventID(studentv1.EventTypeCreated, stu, ""), Time: metav1.NewTime(time.Now().Truncate(time.Second)),
 		Generation: stu.Generation, Sequence: 7, Spec: stu.Spec,
 	}
 	if err := st.Client.Status().Update(ctx, stu); err != nil {

@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/reconciler"
@@ -36,13 +35,6 @@ var snapshotRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		"or one that ended within snapshot.minInterval whose events the stream holds, answered it), refused (a bad request, " +
 		"a namespace not watched, or a run that failed).",
 }, []string{"result"})
-
-func init() {
-	metrics.Registry.MustRegister(snapshotRequests)
-	for _, r := range []string{snapshotNewRun, snapshotCoalesced, snapshotRefused} {
-		snapshotRequests.WithLabelValues(r)
-	}
-}
 
 // snapshotServer publishes snapshots at startup and on request. It runs on
 // the leader only, so one replica answers (with shards, each replica

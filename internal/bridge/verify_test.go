@@ -12,12 +12,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/bridgetest"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/verify"
-	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
@@ -112,11 +112,11 @@ func TestVerifyFindsEachKindOfDrift(t *testing.T) {
 	stale := e.DeepCopy()
 	stale.Spec.School = "nowhere"
 	created := of("e")[0]
-	ev, err := reconciler.NewEvent(cfg.Cluster, studentv1.EventTypeUpdated, "stale-"+created.Event.ID(), stale, nil, time.Now())
+	ev, err := contract.NewEvent(cfg.Cluster, studentv1.EventTypeUpdated, "stale-"+created.Event.ID(), stale, nil, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	reconciler.Chain(&ev, 2, created.Event.ID())
+	contract.Chain(&ev, 2, created.Event.ID())
 	publish := func(msg *nats.Msg) {
 		t.Helper()
 		if _, err := js.PublishMsg(ctx, msg); err != nil {
@@ -133,7 +133,7 @@ func TestVerifyFindsEachKindOfDrift(t *testing.T) {
 	// bridge published, whatever a consumer makes of it.
 	publish(&nats.Msg{Subject: cfg.NATS.SubjectPrefix + "." + studentv1.OperationUpdated,
 		Data: fmt.Appendf(nil, `{"specversion":"1.0","id":"x1","type":%q,"source":%q,"data":{"metadata":{"namespace":%q,"name":"e","uid":%q}}}`,
-			studentv1.EventTypeUpdated, reconciler.Source(cfg.Cluster), ns, e.UID)})
+			studentv1.EventTypeUpdated, contract.Source(cfg.Cluster), ns, e.UID)})
 	// f: its created event again, once the duplicate window has passed.
 	time.Sleep(1500 * time.Millisecond)
 	f := of("f")[0]

@@ -89,11 +89,18 @@ var (
 	})
 )
 
-func init() {
-	metrics.Registry.MustRegister(recorded, queued)
-	for _, result := range []string{"written", "failed", "dropped"} {
-		recorded.WithLabelValues(result) // exported from the start, at 0
-	}
+var registerOnce sync.Once
+
+// RegisterMetrics registers the Kubernetes Event recorder's metrics with
+// controller-runtime's registry, the one the bridge's manager serves; once
+// per process.
+func RegisterMetrics() {
+	registerOnce.Do(func() {
+		metrics.Registry.MustRegister(recorded, queued)
+		for _, result := range []string{"written", "failed", "dropped"} {
+			recorded.WithLabelValues(result) // exported from the start, at 0
+		}
+	})
 }
 
 // New returns a Recorder writing Events with c; scheme resolves the kinds of

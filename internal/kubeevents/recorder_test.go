@@ -24,6 +24,7 @@ import (
 var st *stack.Stack
 
 func TestMain(m *testing.M) {
+	kubeevents.RegisterMetrics()
 	os.Exit(stacktest.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
 }
 

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
@@ -34,8 +35,14 @@ var (
 	})
 )
 
-func init() {
-	metrics.Registry.MustRegister(natsConnected, natsReconnects, natsDisconnects)
+var registerOnce sync.Once
+
+// RegisterMetrics registers the NATS connection's metrics with controller-
+// runtime's registry, the one the bridge's manager serves; once per process.
+func RegisterMetrics() {
+	registerOnce.Do(func() {
+		metrics.Registry.MustRegister(natsConnected, natsReconnects, natsDisconnects)
+	})
 }
 
 // Connect connects to NATS as configured. An unreachable server is not an

@@ -58,8 +58,14 @@ var (
 	}, []string{"shard"})
 )
 
-func init() {
-	metrics.Registry.MustRegister(shardsHeld, shardCount, handovers, loadDuration, inFlight)
+var registerOnce sync.Once
+
+// RegisterMetrics registers the shards' metrics with controller-runtime's
+// registry, the one the bridge's manager serves; once per process.
+func RegisterMetrics() {
+	registerOnce.Do(func() {
+		metrics.Registry.MustRegister(shardsHeld, shardCount, handovers, loadDuration, inFlight)
+	})
 }
 
 // Of is the shard of the Student namespace/name among count shards: the

@@ -15,11 +15,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/tail"
-	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
@@ -63,7 +63,7 @@ func (f *fixture) publish(t *testing.T, typ, name, school string) {
 		Spec:       studentv1.StudentSpec{Name: name, School: school},
 	}
 	prev := &studentv1.PublishedEvent{Spec: studentv1.StudentSpec{Name: name, School: "old"}}
-	ev, err := reconciler.NewEvent("test", typ, reconciler.EventID(typ, s, ""), s, prev, time.Now())
+	ev, err := contract.NewEvent("test", typ, contract.EventID(typ, s, ""), s, prev, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

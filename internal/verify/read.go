@@ -16,8 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
@@ -94,7 +94,7 @@ func readRecords(ctx context.Context, src Source) ([]studentv1.StudentRecord, er
 	}
 	var out []studentv1.StudentRecord
 	for _, r := range all {
-		if rec, ok := reconciler.ParseRecord(r.Key, r.Value); ok && src.inScope(rec.Namespace) {
+		if rec, ok := contract.ParseRecord(r.Key, r.Value); ok && src.inScope(rec.Namespace) {
 			out = append(out, rec)
 		}
 	}
@@ -165,7 +165,7 @@ func readStream(ctx context.Context, src Source, st *State) error {
 		return fmt.Errorf("stream %s: %w", src.Stream, err)
 	}
 	defer it.Stop()
-	source := reconciler.Source(src.Cluster)
+	source := contract.Source(src.Cluster)
 	var read uint64
 	for {
 		msg, err := it.Next(jetstream.NextContext(ctx))

@@ -15,8 +15,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/reconciler"
 )
 
 // Kind names a finding.
@@ -302,7 +302,7 @@ func Check(st State, o Options) Report {
 }
 
 // derived reports whether e's id is the one the bridge derives for a
-// change with e's data (reconciler.EventID), chained to the event before
+// change with e's data (contract.EventID), chained to the event before
 // it or, for a first event whose record was pending, to none. Snapshots'
 // ids name their run, which the event does not carry: they are taken as
 // they are.
@@ -312,7 +312,7 @@ func derived(e Event) bool {
 	}
 	md := e.Data.Metadata
 	s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{UID: types.UID(md.UID), Generation: md.Generation, Labels: md.Labels}, Spec: e.Data.Spec}
-	return e.ID == reconciler.EventID(e.Type, s, e.PreviousID) || e.ID == reconciler.EventID(e.Type, s, "")
+	return e.ID == contract.EventID(e.Type, s, e.PreviousID) || e.ID == contract.EventID(e.Type, s, "")
 }
 
 type addFunc func(k Kind, ns, name, uid, format string, args ...any)

@@ -8,9 +8,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/verify"
-	"github.com/student-bridge/student-bridge/reconciler"
 )
 
 // These cases check the comparison itself, on states built by hand; what
@@ -23,7 +23,7 @@ func student(uid, school string, gen int64) studentv1.Student {
 }
 
 // ids maps the names the cases give events to the ids the bridge derives
-// for them (reconciler.EventID); a name never given (a made-up id) stands
+// for them (contract.EventID); a name never given (a made-up id) stands
 // for itself.
 var ids = map[string]string{}
 
@@ -41,7 +41,7 @@ func event(seq uint64, typ, name string, s studentv1.Student, number int64, prev
 	previous = id(previous)
 	evID := name
 	if typ != snapshot {
-		evID = reconciler.EventID(typ, &s, previous)
+		evID = contract.EventID(typ, &s, previous)
 		ids[name] = evID
 	}
 	return foreign(seq, typ, evID, s, number, previous)
@@ -134,7 +134,7 @@ func TestCheck(t *testing.T) {
 	}, {
 		name: "a first event whose record was pending names it, its id does not",
 		st: verify.State{FirstSequence: 1, Students: []studentv1.Student{a2},
-			Events: []verify.Event{event(1, created, "a1", a1, 1, ""), foreign(2, updated, reconciler.EventID(updated, &a2, ""), a2, 2, id("a1"))}},
+			Events: []verify.Event{event(1, created, "a1", a1, 1, ""), foreign(2, updated, contract.EventID(updated, &a2, ""), a2, 2, id("a1"))}},
 	}, {
 		name: "events of a bridge that did not count, then counted ones",
 		st: verify.State{FirstSequence: 1, Students: []studentv1.Student{a2},

@@ -5,6 +5,7 @@ package version
 
 import (
 	"runtime"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -29,7 +30,13 @@ var buildInfo = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 	Help: "Always 1; its labels name the release, commit and Go version the running bridge was built from.",
 }, []string{"version", "commit", "goversion"})
 
-func init() {
-	buildInfo.WithLabelValues(Version, Commit, runtime.Version()).Set(1)
-	metrics.Registry.MustRegister(buildInfo)
+var registerOnce sync.Once
+
+// RegisterMetrics registers student_bridge_build_info with controller-
+// runtime's registry, the one the bridge's manager serves; once per process.
+func RegisterMetrics() {
+	registerOnce.Do(func() {
+		buildInfo.WithLabelValues(Version, Commit, runtime.Version()).Set(1)
+		metrics.Registry.MustRegister(buildInfo)
+	})
 }

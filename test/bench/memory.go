@@ -23,9 +23,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
-	"github.com/student-bridge/student-bridge/reconciler"
 )
 
 // deployedMemoryLimit is the memory limit of the shipped Deployment and
@@ -727,7 +727,7 @@ func writeReceipts(ctx context.Context, e *env, stream string, services []string
 		if entry == nil {
 			break
 		}
-		rec, ok := reconciler.ParseRecord(entry.Key(), entry.Value())
+		rec, ok := contract.ParseRecord(entry.Key(), entry.Value())
 		if !ok {
 			continue // not a record (config.shards)
 		}

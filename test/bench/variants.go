@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/consumer"
 	"github.com/student-bridge/student-bridge/internal/bridge"
@@ -33,7 +34,6 @@ import (
 	"github.com/student-bridge/student-bridge/internal/scheme"
 	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/internal/stack"
-	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
@@ -333,7 +333,7 @@ func runRawInformer(ctx context.Context, restCfg *rest.Config, js jetstream.JetS
 		return nil, err
 	}
 	publish := func(typ string, s *studentv1.Student) {
-		ev, err := reconciler.NewEvent("bench", typ, reconciler.EventID(typ, s, s.ResourceVersion), s, nil, time.Now())
+		ev, err := contract.NewEvent("bench", typ, contract.EventID(typ, s, s.ResourceVersion), s, nil, time.Now())
 		if err != nil {
 			return
 		}
@@ -530,7 +530,7 @@ func publishCeiling(ctx context.Context, e *env, r *run, rate int, d time.Durati
 		name := fmt.Sprintf("c-%s-%d", r.id, i)
 		s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: name, UID: "u", Generation: 1, ResourceVersion: "1"},
 			Spec: studentv1.StudentSpec{Name: name, School: "s1"}}
-		ev, _ := reconciler.NewEvent("bench", studentv1.EventTypeCreated, reconciler.EventID(studentv1.EventTypeCreated, s, name), s, nil, at)
+		ev, _ := contract.NewEvent("bench", studentv1.EventTypeCreated, contract.EventID(studentv1.EventTypeCreated, s, name), s, nil, at)
 		msg, _ := natssink.EncodeMsg(ctx, ev, layout.Subject(ev), natssink.Structured)
 		ch := &change{name: name, op: "created", gen: 1, scheduled: at}
 		_, ch.err = e.js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.ID()))

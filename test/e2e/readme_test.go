@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -201,4 +202,67 @@ func anchors(md string) []string {
 		out = append(out, a)
 	}
 	return out
+}
+
+// TestLayoutNamesEveryPackage: the layout table of docs/architecture.md
+// names every directory of Go code by its path, so a package added
+// without a word of what it holds fails. A tool module (a go.mod of its
+// own) is named by its root, which covers its directories.
+func TestLayoutNamesEveryPackage(t *testing.T) {
+	root := stack.RepoRoot()
+	b, err := os.ReadFile(filepath.Join(root, "docs", "architecture.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, _ := strings.Cut(string(b), "## Layout")
+	named := map[string]bool{}
+	for line := range strings.Lines(table) {
+		first, _, _ := strings.Cut(strings.TrimPrefix(line, "|"), "|")
+		for _, m := range regexp.MustCompile("`([^`]+)`").FindAllStringSubmatch(first, -1) {
+			named[m[1]] = true
+		}
+	}
+	var modules []string // the roots of the tool modules
+	dirs := map[string]bool{}
+	err = filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") && rel != "." || d.Name() == "testdata" || rel == "bin") {
+			return filepath.SkipDir
+		}
+		switch dir := filepath.Dir(rel); {
+		case dir == ".":
+		case d.Name() == "go.mod":
+			modules = append(modules, dir)
+		case strings.HasSuffix(d.Name(), ".go"):
+			dirs[dir] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range slices.Sorted(maps.Keys(dirs)) {
+		if name := layoutName(dir, modules); !named[name] {
+			t.Errorf("docs/architecture.md's layout does not name %s", name)
+			named[name] = true // once
+		}
+	}
+}
+
+// layoutName is how the layout names dir: a package by its path, a
+// directory of a tool module by the module (hack/tools's modules as
+// hack/tools/*).
+func layoutName(dir string, modules []string) string {
+	for _, m := range modules {
+		if dir == m || strings.HasPrefix(dir, m+"/") {
+			if strings.HasPrefix(m, "hack/tools/") {
+				return "hack/tools/*"
+			}
+			return m
+		}
+	}
+	return dir
 }

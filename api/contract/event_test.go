@@ -1,4 +1,4 @@
-package reconciler_test
+package contract_test
 
 import (
 	"encoding/json"
@@ -7,8 +7,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/reconciler"
 )
 
 func student(gen int64, school string, labels map[string]string) *studentv1.Student {
@@ -43,14 +43,14 @@ func TestNextChange(t *testing.T) {
 		{"deleting, delete already published", deleting, published(studentv1.EventTypeDeleted, 2, nil), ""},
 	}
 	for _, tc := range cases {
-		if got := reconciler.NextChange(tc.s, tc.last); got != tc.want {
+		if got := contract.NextChange(tc.s, tc.last); got != tc.want {
 			t.Errorf("%s: NextChange = %q, want %q", tc.name, got, tc.want)
 		}
 	}
 }
 
 func TestEventID(t *testing.T) {
-	base := reconciler.EventID(studentv1.EventTypeUpdated, student(2, "china", map[string]string{"a": "b", "c": "d"}), "prev")
+	base := contract.EventID(studentv1.EventTypeUpdated, student(2, "china", map[string]string{"a": "b", "c": "d"}), "prev")
 	if len(base) != 32 {
 		t.Fatalf("id %q is not 32 hex digits", base)
 	}
@@ -58,7 +58,7 @@ func TestEventID(t *testing.T) {
 		name string
 		id   string
 	}{
-		{"same change again", reconciler.EventID(studentv1.EventTypeUpdated, student(2, "china", map[string]string{"c": "d", "a": "b"}), "prev")},
+		{"same change again", contract.EventID(studentv1.EventTypeUpdated, student(2, "china", map[string]string{"c": "d", "a": "b"}), "prev")},
 	}
 	for _, c := range same {
 		if c.id != base {
@@ -67,7 +67,7 @@ func TestEventID(t *testing.T) {
 	}
 	rv := student(2, "china", map[string]string{"a": "b", "c": "d"})
 	rv.ResourceVersion = "99" // e.g. the bridge's own status write in between
-	if id := reconciler.EventID(studentv1.EventTypeUpdated, rv, "prev"); id != base {
+	if id := contract.EventID(studentv1.EventTypeUpdated, rv, "prev"); id != base {
 		t.Errorf("resourceVersion changed the id: %s", id)
 	}
 	otherUID := student(2, "china", map[string]string{"a": "b", "c": "d"})
@@ -76,11 +76,11 @@ func TestEventID(t *testing.T) {
 		name string
 		id   string
 	}{
-		{"other type", reconciler.EventID(studentv1.EventTypeCreated, student(2, "china", map[string]string{"a": "b", "c": "d"}), "prev")},
-		{"other generation", reconciler.EventID(studentv1.EventTypeUpdated, student(3, "china", map[string]string{"a": "b", "c": "d"}), "prev")},
-		{"other labels", reconciler.EventID(studentv1.EventTypeUpdated, student(2, "china", map[string]string{"a": "b"}), "prev")},
-		{"other previous event", reconciler.EventID(studentv1.EventTypeUpdated, student(2, "china", map[string]string{"a": "b", "c": "d"}), "prev2")},
-		{"other object", reconciler.EventID(studentv1.EventTypeUpdated, otherUID, "prev")},
+		{"other type", contract.EventID(studentv1.EventTypeCreated, student(2, "china", map[string]string{"a": "b", "c": "d"}), "prev")},
+		{"other generation", contract.EventID(studentv1.EventTypeUpdated, student(3, "china", map[string]string{"a": "b", "c": "d"}), "prev")},
+		{"other labels", contract.EventID(studentv1.EventTypeUpdated, student(2, "china", map[string]string{"a": "b"}), "prev")},
+		{"other previous event", contract.EventID(studentv1.EventTypeUpdated, student(2, "china", map[string]string{"a": "b", "c": "d"}), "prev2")},
+		{"other object", contract.EventID(studentv1.EventTypeUpdated, otherUID, "prev")},
 	}
 	for _, c := range differ {
 		if c.id == base {
@@ -88,8 +88,8 @@ func TestEventID(t *testing.T) {
 		}
 	}
 	// A delete is one event per object, whatever state it ends in.
-	d1 := reconciler.EventID(studentv1.EventTypeDeleted, student(2, "china", nil), "a")
-	d2 := reconciler.EventID(studentv1.EventTypeDeleted, student(5, "x", map[string]string{"z": "z"}), "b")
+	d1 := contract.EventID(studentv1.EventTypeDeleted, student(2, "china", nil), "a")
+	d2 := contract.EventID(studentv1.EventTypeDeleted, student(5, "x", map[string]string{"z": "z"}), "b")
 	if d1 != d2 {
 		t.Errorf("deleted ids differ: %s %s", d1, d2)
 	}
@@ -110,7 +110,7 @@ func TestEventIDIsStable(t *testing.T) {
 		{studentv1.EventTypeCreated, "", "54f97e8e7cad89d7838fba86c737c1b3", student(1, "china", nil)},
 		{studentv1.EventTypeDeleted, "prev", "008572669205f5dc6544adcca607fb6d", student(7, "x", map[string]string{"a": "b"})},
 	} {
-		if got := reconciler.EventID(c.typ, c.s, c.prev); got != c.want {
+		if got := contract.EventID(c.typ, c.s, c.prev); got != c.want {
 			t.Errorf("EventID(%s, generation %d, %q) = %s, want %s", c.typ, c.s.Generation, c.prev, got, c.want)
 		}
 	}
@@ -130,7 +130,7 @@ func TestNewEvent(t *testing.T) {
 	}
 	for _, tc := range cases {
 		s := student(2, "new", map[string]string{"grade": "3"})
-		ev, err := reconciler.NewEvent("prod", tc.typ, "the-id", s, tc.last, now)
+		ev, err := contract.NewEvent("prod", tc.typ, "the-id", s, tc.last, now)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,11 @@
-package reconciler
+// Package contract is the bridge's wire contract in code: what a change is
+// (NextChange), the CloudEvent published for it (NewEvent, with the id
+// EventID derives, its Source and Subject, and its place in the Student's
+// sequence: Chain, Sequence) and the record the bridge keeps of it
+// (ParseRecord). The bridge, verify, tail and services written in Go use
+// it; docs/contract.md is the same contract in prose. The types and names
+// it builds from are api/v1's.
+package contract
 
 import (
 	"crypto/sha256"
