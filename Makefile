@@ -25,6 +25,7 @@ NODE           := $(NODE_KUBE) $(CONTAINERD) $(COREDNS) $(IMAGES)/nats.tar $(IMA
 HELM           := $(BIN)/helm
 PROMTOOL       := $(BIN)/promtool
 PROMETHEUS     := $(BIN)/prometheus
+GOLANGCI_LINT  := $(BIN)/golangci-lint
 CHART          := deploy/helm/student-bridge
 
 # A KUBEBUILDER_ASSETS set by the user wins over the binaries built here:
@@ -106,11 +107,18 @@ fmt: ## Run gofmt.
 	gofmt -l -w $$(git ls-files '*.go')
 
 # What may be at the repository root (DESIGN.md, "Layout").
-ROOT_LAYOUT := .ci .dockerignore .gitignore CHANGELOG.md Dockerfile Makefile README.md api cmd configs consumer deploy docs examples go.mod go.sum hack internal reconciler sink test
+ROOT_LAYOUT := .ci .dockerignore .gitignore .golangci.yml CHANGELOG.md Dockerfile Makefile README.md api cmd configs consumer deploy docs examples go.mod go.sum hack internal reconciler sink test
 
 .PHONY: vet
-vet: ## Run go vet; fail on unformatted Go files, tracked files over 1 MiB (a binary committed by mistake) and files at the root the layout does not name.
+vet: check-tree ## Run go vet and check-tree.
 	$(GO) vet ./...
+
+.PHONY: lint
+lint: $(GOLANGCI_LINT) check-tree ## Run golangci-lint with .golangci.yml (go vet among its linters) and check-tree.
+	$(GOLANGCI_LINT) run ./...
+
+.PHONY: check-tree
+check-tree: ## Fail on unformatted Go files, tracked files over 1 MiB (a binary committed by mistake) and files at the root the layout does not name.
 	@stray=$$(git ls-files | cut -d/ -f1 | sort -u | grep -vxF $(addprefix -e ,$(ROOT_LAYOUT)) || true); if [ -n "$$stray" ]; then echo "not part of the layout at the repository root: $$stray"; exit 1; fi
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "not gofmt-ed: $$unformatted"; exit 1; fi
 	@large=$$(git ls-files -z | xargs -0 -r stat -c '%s %n' 2>/dev/null | awk '$$1 > 1048576 {print $$2}' || true); if [ -n "$$large" ]; then echo "tracked files over 1 MiB: $$large"; exit 1; fi
@@ -133,7 +141,7 @@ image: image-binary $(OCIIMAGE) ## Build the image $(IMG) as an archive, bin/ima
 		-label org.opencontainers.image.revision=$(COMMIT)
 
 .PHONY: test
-test: verify-gen ## Check generated files, vet, build the image, run every test with -race against a real kube-apiserver and NATS (and a real node, as root), then fuzz the decoders.
+test: verify-gen ## Check generated files, lint, build the image, run every test with -race against a real kube-apiserver and NATS (and a real node, as root), then fuzz the decoders.
 	$(MAKE) --no-print-directory -j2 -Otarget test-deps
 	$(GO) test $(TEST_FLAGS) ./...
 	$(MAKE) --no-print-directory fuzz
@@ -142,7 +150,7 @@ test: verify-gen ## Check generated files, vet, build the image, run every test 
 # the generated files: a single go build leaves a core idle while it
 # downloads modules or links.
 .PHONY: test-deps
-test-deps: vet image $(TEST_DEPS) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(NODE_DEPS)
+test-deps: lint image $(TEST_DEPS) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(NODE_DEPS)
 
 .PHONY: fuzz
 fuzz: ## Fuzz every decoder of outside input for FUZZ_TIME each, beyond its corpus (FUZZ_TARGETS).
@@ -177,7 +185,7 @@ bench: $(TEST_DEPS) ## Run the end-to-end benchmark (hours with the defaults: na
 ##@ Tools (built from the Go module proxy into bin/, once)
 
 .PHONY: tools
-tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(NODE) ## Build controller-gen, kube-apiserver, etcd, kubectl, helm, promtool, prometheus and the test node's parts.
+tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(GOLANGCI_LINT) $(NODE) ## Build controller-gen, kube-apiserver, etcd, kubectl, helm, promtool, prometheus, golangci-lint and the test node's parts.
 
 $(CONTROLLER_GEN): $(TOOLS)/go.mod
 	cd $(TOOLS) && GOBIN=$(BIN) $(GO) install $(TOOL_LDFLAGS) sigs.k8s.io/controller-tools/cmd/controller-gen
@@ -238,6 +246,11 @@ $(HELM): $(TOOLS)/helm/go.mod
 $(PROMTOOL) $(PROMETHEUS) &: $(TOOLS)/prometheus/go.mod
 	cd $(TOOLS)/prometheus && GOBIN=$(BIN) $(GO) install $(TOOL_LDFLAGS) -tags remove_all_sd github.com/prometheus/prometheus/cmd/promtool github.com/prometheus/prometheus/cmd/prometheus
 	touch $(PROMTOOL) $(PROMETHEUS)
+
+# golangci-lint has a module of its own too.
+$(GOLANGCI_LINT): $(TOOLS)/golangci-lint/go.mod
+	cd $(TOOLS)/golangci-lint && GOBIN=$(BIN) $(GO) install $(TOOL_LDFLAGS) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+	touch $(GOLANGCI_LINT)
 
 .PHONY: monitoring-crds
 monitoring-crds: $(CONTROLLER_GEN) ## Regenerate hack/crds: the Prometheus Operator's PrometheusRule and ServiceMonitor CRDs (from its Go types) that the chart tests install.

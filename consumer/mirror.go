@@ -113,7 +113,7 @@ type MirrorOptions struct {
 	Logger *slog.Logger
 }
 
-// NoSnapshots, as MirrorOptions.SnapshotSubject, makes the Mirror never
+// NoSnapshots is the MirrorOptions.SnapshotSubject that makes the Mirror never
 // ask the bridge for a snapshot.
 const NoSnapshots = "none"
 

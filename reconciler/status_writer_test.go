@@ -70,7 +70,9 @@ func TestStatusStageFromAsked(t *testing.T) {
 	go func() { done <- w.Start(ctx) }()
 	defer func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			t.Errorf("the status writer: %v", err)
+		}
 	}()
 	stacktest.WaitFor(t, "the status written", func() error {
 		if c := f.get("waits").Status.Conditions; len(c) != 1 || c[0].Message != "asked for by the test" {

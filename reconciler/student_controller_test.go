@@ -249,9 +249,9 @@ func TestSequenceSurvivesRestart(t *testing.T) {
 func TestSequenceAfterPendingFirstEvent(t *testing.T) {
 	f := newFixture(t, true)
 	stu := f.create("early", nil)
-	real := f.r.Sink
+	underlying := f.r.Sink
 	f.r.Sink = sinkFunc(func(ctx context.Context, ev cloudevents.Event) (sink.Receipt, error) {
-		_, _ = real.Publish(ctx, ev) // out, but the ack is lost
+		_, _ = underlying.Publish(ctx, ev) // out, but the ack is lost
 		return sink.Receipt{}, errors.New("ack lost")
 	})
 	if err := f.reconcile("early"); err == nil {
@@ -260,7 +260,7 @@ func TestSequenceAfterPendingFirstEvent(t *testing.T) {
 	if rec, _ := f.record(stu.UID); !rec.Pending {
 		t.Fatalf("record after a lost ack: %+v, want pending", rec)
 	}
-	f.r.Sink = real
+	f.r.Sink = underlying
 	f.delete("early")
 	f.mustReconcile("early")
 	requireChain(t, f.requireEvents("created", "deleted"), 1)

@@ -87,7 +87,7 @@ func ParseSequence(v any) (n int64, ok bool) {
 	return n, err == nil && n > 0
 }
 
-// TraceContextAnnotation, on a Student, holds a W3C traceparent
+// TraceContextAnnotation is the annotation that, on a Student, holds a W3C traceparent
 // ("00-<trace id>-<span id>-01") of whatever changed it: the bridge's
 // publish span continues that trace, and the CloudEvent carries it on
 // (the distributed tracing extension's traceparent), to the services.

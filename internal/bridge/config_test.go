@@ -33,7 +33,7 @@ func runUntilError(t *testing.T, cfg *config.Config, timeout time.Duration) erro
 		return err
 	case <-time.After(timeout):
 		cancel()
-		<-done
+		t.Logf("stopped by the test: %v", <-done)
 		t.Fatalf("the bridge still runs after %s", timeout)
 		return nil
 	}

@@ -27,9 +27,9 @@ import (
 type Encoding string
 
 const (
-	// Structured: the whole event as JSON in the message body (default).
+	// Structured puts the whole event as JSON in the message body (default).
 	Structured Encoding = "structured"
-	// Binary: attributes as ce-* headers, data as the body.
+	// Binary puts the attributes in ce-* headers, the data in the body.
 	Binary Encoding = "binary"
 )
 

@@ -38,7 +38,7 @@ type BucketConfig struct {
 	Domain string
 }
 
-// ErrBucketShape: the bucket exists but cannot serve as the record store
+// ErrBucketShape means the bucket exists but cannot serve as the record store
 // (its keys expire). The bridge never changes an existing bucket.
 var ErrBucketShape = errors.New("natssink: bucket cannot hold the records")
 

@@ -108,8 +108,8 @@ func (p *Publisher) Publish(ctx context.Context, event cloudevents.Event) (sink.
 	if tp, ok := event.Extensions()["traceparent"].(string); ok && tp != "" {
 		msg.Header.Set("traceparent", tp)
 	}
-	if max := p.nc.MaxPayload(); max > 0 && int64(len(msg.Data)+headerSize(msg)) > max {
-		return sink.Receipt{}, fmt.Errorf("%w: %d bytes on %s, server allows %d", sink.ErrTooLarge, len(msg.Data)+headerSize(msg), subject, max)
+	if limit := p.nc.MaxPayload(); limit > 0 && int64(len(msg.Data)+headerSize(msg)) > limit {
+		return sink.Receipt{}, fmt.Errorf("%w: %d bytes on %s, server allows %d", sink.ErrTooLarge, len(msg.Data)+headerSize(msg), subject, limit)
 	}
 	if err := p.connected(); err != nil {
 		return sink.Receipt{}, err

@@ -33,7 +33,7 @@ type StreamConfig struct {
 	Duplicates time.Duration
 }
 
-// ErrStreamConflict: the stream exists but does not capture the bridge's
+// ErrStreamConflict means the stream exists but does not capture the bridge's
 // subjects. The bridge never changes an existing stream; an operator must.
 var ErrStreamConflict = errors.New("natssink: stream does not capture the bridge's subjects")
 

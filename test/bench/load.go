@@ -118,7 +118,6 @@ type result struct {
 	cpuSeconds      float64 // this process: generator, NATS, subscriber, the bridge
 	ownCPU          float64 // the variant's own processes, if it runs as processes
 	controlPlaneCPU float64 // kube-apiserver and etcd
-	achievedRate    float64
 	// receiptToStatus: from a service applying a change to the Student
 	// showing it (variants with services); applied counts the changes
 	// the services applied.

@@ -147,7 +147,7 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer st.Stop()
+	defer func() { _ = st.Stop() }()
 	nc, err := nats.Connect(st.NATS.URL())
 	if err != nil {
 		return err

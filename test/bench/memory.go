@@ -168,13 +168,13 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 		"| Students | RSS MB publishing | heap MB publishing | RSS MB after a restart | RSS MB steady | heap MB steady | settled after | " +
 		"RSS MB after a restart, memoryLimit | RSS MB steady, memoryLimit | heap MB steady, memoryLimit | settled after |\n" +
 		"| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
-	restarts.WriteString(fmt.Sprintf("\nRestart with every Student published: ready (/readyz), caught up (the start's catch-up ended: every Student that needed a reconcile had it; "+
+	fmt.Fprintf(&restarts, "\nRestart with every Student published: ready (/readyz), caught up (the start's catch-up ended: every Student that needed a reconcile had it; "+
 		"one published as it is needs none), against a raw informer's sync of the same Students (a new cache, list and watch): "+
 		"started as a process of its own, as a controller restarts (the reference), and in the benchmark's running process. "+
 		"Restarts and the informer's process alternate, %d of each: median (min-max); ready is of the first.\n\n"+
 		"| Students | ready | caught up | of it, the catch-up | raw informer process: synced after | caught up / informer process | raw informer in this process: synced after | caught up / it |\n"+
-		"| --- | --- | --- | --- | --- | --- | --- | --- |\n", restartReps))
-	loadedRestarts.WriteString(fmt.Sprintf("\nRestart under load: a generator changes Students at %d/s; the bridge is stopped, %d Students are deleted (per count, at most a tenth), "+
+		"| --- | --- | --- | --- | --- | --- | --- | --- |\n", restartReps)
+	fmt.Fprintf(&loadedRestarts, "\nRestart under load: a generator changes Students at %d/s; the bridge is stopped, %d Students are deleted (per count, at most a tenth), "+
 		"and it starts again while the changes go on. The idle catch-up is the median of the restarts above. Steady is the live changes' latency (change to its event on NATS) in the %s before the stop; "+
 		"during the catch-up, of the changes made from the start until the catch-up ended, and of those made after the bridge could publish "+
 		"(student_bridge_publishing_start_time_seconds: its records loaded and its cache synced; nothing is published before), and how long after the start that was. "+
@@ -183,7 +183,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 		"| Students | catch-up, idle | catch-up, under load | ratio | deletes made while down, published after | live p50 / p99 ms, steady | live p50 / p99 ms, during the catch-up | p99 ratio | "+
 		"could publish after | live p50 / p99 ms, after it could publish | p99 ratio | "+
 		"raw informer, synced after | its live p50 / p99 ms during its start | bridge / informer p99 |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
-		loadRate, loadDeletes, loadSteady))
+		loadRate, loadDeletes, loadSteady)
 	rss0, heap0 := sample()
 	fmt.Fprintf(&b, "| 0 | %.1f | %.1f | - | %.1f | %.1f | - | - | - | - | - |\n", float64(rss0)/1024, heap0, float64(rss0)/1024, heap0)
 	points := []memPoint{{students: 0, rssPublishing: float64(rss0) / 1024, rssSteady: float64(rss0) / 1024, rssAfterLimited: float64(rss0) / 1024,

@@ -434,7 +434,9 @@ func runBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinalize
 	}
 	return func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			fmt.Fprintf(os.Stderr, "bridge %s stopped: %v\n", r.stream, err)
+		}
 	}, nil
 }
 

@@ -83,7 +83,7 @@ func startIn(t *testing.T, dir string, env []string, args ...string) *proc {
 				p.done <- err
 			case <-time.After(15 * time.Second):
 				_ = p.cmd.Process.Kill()
-				<-p.done
+				t.Logf("%v killed: %v", args, <-p.done)
 			}
 		}
 		if t.Failed() {
