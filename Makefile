@@ -78,9 +78,10 @@ run: build $(TEST_DEPS) ## Run the bridge on a local stack (kube-apiserver + etc
 	$(BIN)/student-bridge dev --assets $(KUBEBUILDER_ASSETS)
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Generate deepcopy code, configs/student-bridge.yaml, the chart's values.schema.json and the Grafana dashboard.
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code, the contract's JSON Schemas and AsyncAPI document, configs/student-bridge.yaml, the chart's values.schema.json and the Grafana dashboard.
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(GO) run ./hack/configdoc configs/student-bridge.yaml deploy/manager/student-bridge.yaml
+	$(GO) run ./hack/contractdoc
 	$(GO) run ./hack/chartschema $(CHART)/values.schema.json
 	$(GO) run ./hack/dashboard deploy/monitoring/dashboard.json
 	cp deploy/monitoring/dashboard.json deploy/monitoring/alerts.yaml $(CHART)/files/

@@ -68,6 +68,7 @@ func NewEvent(cluster, eventType, id string, s *studentv1.Student, previous *stu
 	ev.SetSource(Source(cluster))
 	ev.SetSubject(Subject(s))
 	ev.SetTime(now.UTC())
+	ev.SetDataSchema(DataSchema(eventType))
 	data := studentv1.StudentEventData{
 		Metadata: studentv1.EventObjectMeta{
 			Namespace:       s.Namespace,

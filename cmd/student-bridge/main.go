@@ -119,7 +119,7 @@ its environment variable are listed in configs/student-bridge.yaml.`,
 		defer cancel()
 		return bridge.Run(ctx, cfg, restCfg)
 	}
-	cmd.AddCommand(newTailCommand(setupLog, &configFile), newSnapshotCommand(setupLog, &configFile), newReleaseCommand(setupLog, &configFile), newServicesCommand(setupLog, &configFile), newVerifyCommand(setupLog, &configFile), newHubCommand(setupLog, &configFile), newVersionCommand())
+	cmd.AddCommand(newTailCommand(setupLog, &configFile), newSnapshotCommand(setupLog, &configFile), newReleaseCommand(setupLog, &configFile), newServicesCommand(setupLog, &configFile), newVerifyCommand(setupLog, &configFile), newHubCommand(setupLog, &configFile), newContractCommand(), newVersionCommand())
 	if dev := newDevCommand(setupLog, &configFile); dev != nil {
 		cmd.AddCommand(dev)
 	}

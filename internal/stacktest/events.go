@@ -27,13 +27,16 @@ type Received struct {
 }
 
 // Decode turns a NATS message into a Received with sdk-go, whichever binding
-// mode it uses.
+// mode it uses, and checks the event against the contract (CheckContract).
 func Decode(msg *nats.Msg) (Received, error) {
 	ev, err := natssink.DecodeMsg(context.Background(), msg)
 	if err != nil {
 		return Received{}, err
 	}
 	r := Received{Subject: msg.Subject, Header: msg.Header, Event: *ev}
+	if err := CheckContract(*ev); err != nil {
+		return r, err
+	}
 	if err := json.Unmarshal(ev.Data(), &r.Data); err != nil {
 		return r, fmt.Errorf("decode data of %s: %w", ev.ID(), err)
 	}
