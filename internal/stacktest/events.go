@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -34,13 +35,25 @@ func Decode(msg *nats.Msg) (Received, error) {
 		return Received{}, err
 	}
 	r := Received{Subject: msg.Subject, Header: msg.Header, Event: *ev}
-	if err := CheckContract(*ev); err != nil {
-		return r, err
-	}
 	if err := json.Unmarshal(ev.Data(), &r.Data); err != nil {
 		return r, fmt.Errorf("decode data of %s: %w", ev.ID(), err)
 	}
-	return r, nil
+	return r, CheckContract(*ev)
+}
+
+// DecodeAcrossUpgrade is Decode for a stream the previous release wrote to
+// as well: an event without dataschema (it did not set one) must still
+// have data its type's schema takes, since the contract's version is the
+// same; an event with one is checked as Decode checks it.
+func DecodeAcrossUpgrade(msg *nats.Msg) (Received, error) {
+	r, err := Decode(msg)
+	if err != nil && r.Event.DataSchema() == "" && r.Event.ID() != "" {
+		if err := CheckSchema(contract.SchemaName(r.Event.Type()), r.Event.Data()); err != nil {
+			return r, fmt.Errorf("event %s (%s) of the previous release: %w", r.Event.ID(), r.Event.Type(), err)
+		}
+		return r, nil
+	}
+	return r, err
 }
 
 // Subscription collects every event on a core NATS subscription.

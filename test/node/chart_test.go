@@ -94,7 +94,7 @@ func TestHelmUpgradeUnderLoad(t *testing.T) {
 	t.Logf("the previous release Ready in %.1fs", took.Seconds())
 
 	nc := connectNATS(t, natsURL(t, "consumer", s.consumer))
-	l := startLoad(t, nc, loadRate)
+	l := startLoad(t, nc, loadRate, true)
 	time.Sleep(5 * time.Second)
 	helm(t, "upgrade", "student-bridge", "deploy/helm/student-bridge", "-n", systemNS,
 		"--set", "verify.schedule=17 * * * *", "--set", "verify.settle=5s", "--set", "verify.natsAuth.secretName=student-bridge-nats")

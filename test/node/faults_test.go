@@ -272,7 +272,7 @@ func TestFaultsUnderLoad(t *testing.T) {
 	}
 	for _, f := range faults {
 		t.Run(f.name, func(t *testing.T) {
-			l := startLoad(t, nc, loadRate)
+			l := startLoad(t, nc, loadRate, false)
 			time.Sleep(3 * time.Second)
 			wait := f.do(t)
 			ready := wait()

@@ -39,6 +39,10 @@ type load struct {
 	live   []string
 	next   int
 	errs   []error
+	// invalid are the load's events that break the contract.
+	invalid []error
+	// acrossUpgrade: the previous release publishes some of the events.
+	acrossUpgrade bool
 	// skipped counts the changes due while every one was in flight.
 	skipped int
 
@@ -66,10 +70,11 @@ type seen struct {
 }
 
 // startLoad starts rate changes a second in a new namespace and a reader
-// of the stream through nc.
-func startLoad(t *testing.T, nc *nats.Conn, rate int) *load {
+// of the stream through nc. acrossUpgrade: the previous release publishes
+// some of the events, without dataschema.
+func startLoad(t *testing.T, nc *nats.Conn, rate int, acrossUpgrade bool) *load {
 	t.Helper()
-	l := &load{rate: rate, writes: map[string][]write{}, seen: map[string][]seen{}, stop: make(chan struct{}), done: make(chan struct{})}
+	l := &load{rate: rate, acrossUpgrade: acrossUpgrade, writes: map[string][]write{}, seen: map[string][]seen{}, stop: make(chan struct{}), done: make(chan struct{})}
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "load-"}}
 	if err := nd.c.Create(context.Background(), ns); err != nil {
 		t.Fatal(err)
@@ -100,12 +105,20 @@ func startLoad(t *testing.T, nc *nats.Conn, rate int) *load {
 	}
 	l.sub, err = cons.Consume(func(msg jetstream.Msg) {
 		at := time.Now()
-		r, err := stacktest.Decode(&nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()})
-		if err != nil || r.Data.Metadata.Namespace != l.ns {
+		decode := stacktest.Decode
+		if l.acrossUpgrade {
+			decode = stacktest.DecodeAcrossUpgrade
+		}
+		r, err := decode(&nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()})
+		if r.Data.Metadata.Namespace != l.ns {
 			return
 		}
 		l.mu.Lock()
 		defer l.mu.Unlock()
+		if err != nil {
+			l.invalid = append(l.invalid, err)
+			return
+		}
 		name := r.Data.Metadata.Name
 		l.seen[name] = append(l.seen[name], seen{gen: r.Data.Metadata.Generation, deleted: r.Event.Type() == studentv1.EventTypeDeleted, at: at})
 	})
@@ -274,6 +287,9 @@ func (l *load) finish(t *testing.T, timeout time.Duration) result {
 	l.mu.Lock()
 	if len(l.errs) > 0 {
 		t.Errorf("%d of the load's writes failed, e.g. %v", len(l.errs), l.errs[0])
+	}
+	if len(l.invalid) > 0 {
+		t.Errorf("%d of the load's events break the contract, e.g. %v", len(l.invalid), l.invalid[0])
 	}
 	l.mu.Unlock()
 	if len(waits) == 0 {
