@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
+	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -676,6 +678,18 @@ func (r *StudentReconciler) Unpublished(ctx context.Context, cached client.Reade
 // SetupWithManager registers the reconciler with mgr.
 func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
 	r.toQueue = make(chan event.TypedGenericEvent[*studentv1.Student], 1024)
+	if opts.LogConstructor == nil {
+		// The values controller-runtime's builder gives a controller made
+		// with For: the Students' watch is made with Watches, for its
+		// handler.
+		log := mgr.GetLogger().WithValues("controller", ControllerName, "controllerGroup", studentv1.GroupVersion.Group, "controllerKind", "Student")
+		opts.LogConstructor = func(req *reconcile.Request) logr.Logger {
+			if req == nil {
+				return log
+			}
+			return log.WithValues("Student", klog.KRef(req.Namespace, req.Name), "namespace", req.Namespace, "name", req.Name)
+		}
+	}
 	if opts.NewQueue == nil {
 		// A catch-up waits behind live changes for LowPriorityWait at
 		// most. The start's catch-up is held open until the workers
