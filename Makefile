@@ -108,15 +108,15 @@ fmt: ## Run gofmt.
 	gofmt -l -w $$(git ls-files '*.go')
 
 # What may be at the repository root (DESIGN.md, "Layout").
-ROOT_LAYOUT := .ci .dockerignore .gitignore .golangci.yml CHANGELOG.md Dockerfile Makefile README.md api cmd configs consumer deploy docs examples go.mod go.sum hack internal reconciler sink test
+ROOT_LAYOUT := .ci .dockerignore .gitignore CHANGELOG.md Dockerfile Makefile README.md api cmd configs consumer deploy docs examples go.mod go.sum hack internal reconciler sink test
 
 .PHONY: vet
 vet: check-tree ## Run go vet and check-tree.
 	$(GO) vet ./...
 
 .PHONY: lint
-lint: $(GOLANGCI_LINT) check-tree ## Run golangci-lint with .golangci.yml (go vet among its linters) and check-tree.
-	$(GOLANGCI_LINT) run ./...
+lint: $(GOLANGCI_LINT) check-tree ## Run golangci-lint with hack/golangci.yml (go vet among its linters) and check-tree.
+	$(GOLANGCI_LINT) run --config hack/golangci.yml ./...
 
 .PHONY: check-tree
 check-tree: ## Fail on unformatted Go files, tracked files over 1 MiB (a binary committed by mistake) and files at the root the layout does not name.
