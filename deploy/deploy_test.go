@@ -244,7 +244,7 @@ func TestConfigMapLoads(t *testing.T) {
 		if err := os.WriteFile(file, []byte(data), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := config.New(nil).Load(file); err != nil {
+		if _, err := config.NewLoader(nil, config.BridgeCommand).Load(file); err != nil {
 			t.Errorf("deploy/%s ConfigMap: %v", overlay, err)
 		}
 		dep := convert[struct {

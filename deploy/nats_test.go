@@ -279,7 +279,7 @@ func runBridgeAs(t *testing.T, url, ns string, adjust func(*config.Config)) *con
 	if err := os.WriteFile(pwFile, []byte("bridge-secret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := config.New(nil).Load("")
+	cfg, err := config.NewLoader(nil, config.BridgeCommand).Load("")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,7 @@ All flags of the bridge itself apply; nats.urls and leader election are set by d
 	cmd.Flags().StringVar(&assets, "assets", "", "Directory with kube-apiserver, etcd and kubectl (default $KUBEBUILDER_ASSETS, else ./bin).")
 	cmd.Flags().IntVar(&natsPort, "nats-port", 4222, "Port of the embedded NATS server (with --nats-cluster, the first server's; the others take the next ports).")
 	cmd.Flags().IntVar(&natsCluster, "nats-cluster", 1, "NATS servers to run: 3 runs a JetStream cluster as deploy/nats does, the stream and the buckets at 3 replicas.")
-	loader := config.New(cmd.Flags())
+	loader := config.NewLoader(cmd.Flags(), config.BridgeCommand)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		setupLog(true)
 		cfg, err := loader.Load(*configFile)

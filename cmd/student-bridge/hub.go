@@ -50,7 +50,7 @@ must let the domains' APIs through (see deploy/helm/examples).`,
 	cmd.Flags().StringVar(&h.Storage, "storage", "file", "Storage of what is created: file or memory.")
 	cmd.Flags().IntVar(&h.Replicas, "replicas", 1, "Replicas of what is created (3 on a three-node hub).")
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "How long the set-up may take.")
-	loader := config.NewHubLoader(cmd.Flags())
+	loader := config.NewLoader(cmd.Flags(), config.HubCommand)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		setupLog(true)
 		cfg, err := loader.Load(*configFile)

@@ -107,7 +107,7 @@ its environment variable are listed in configs/student-bridge.yaml.`,
 		Args:          cobra.NoArgs,
 	}
 	cmd.PersistentFlags().StringVar(&configFile, "config", "", "Path to a YAML config file (see configs/student-bridge.yaml).")
-	loader := config.New(cmd.Flags())
+	loader := config.NewLoader(cmd.Flags(), config.BridgeCommand)
 	setupLog := addLogFlags(cmd.PersistentFlags())
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		setupLog(false)

@@ -32,7 +32,7 @@ the next bridge, from its record store, with the last state it published.`,
 		Args:         cobra.NoArgs,
 	}
 	cmd.Flags().DurationVar(&wait, "wait", 2*time.Minute, "How long to wait for every bridge replica to stop (its Leases to be free) before giving up.")
-	loader := config.NewReleaseLoader(cmd.Flags())
+	loader := config.NewLoader(cmd.Flags(), config.ReleaseCommand)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		setupLog(true)
 		cfg, restCfg, err := loadWithKube(loader, *configFile)

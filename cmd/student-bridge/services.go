@@ -39,7 +39,7 @@ STUDENTS_FLEET unless receipts.bucket and nats.stream.name say otherwise).`,
 	}
 	cmd.Flags().DurationVar(&timeout, "timeout", 30*time.Second, "How long reading the buckets and the stream may take.")
 	cmd.Flags().StringVar(&cluster, "cluster", "", "On a fleet's hub: the cluster whose Students are counted.")
-	loader := config.NewServicesLoader(cmd.Flags())
+	loader := config.NewLoader(cmd.Flags(), config.ServicesCommand)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		setupLog(true)
 		cfg, err := loader.Load(*configFile)

@@ -40,7 +40,7 @@ The same request works without this command:
 	cmd.Flags().StringVar(&namespace, "namespace", "", "Only Students of this namespace; default all.")
 	cmd.Flags().StringVar(&cluster, "cluster", "", "From a fleet's hub: the cluster whose bridge publishes the snapshot.")
 	cmd.Flags().DurationVar(&timeout, "timeout", time.Minute, "How long to wait for the bridge's answer.")
-	loader := config.NewSnapshotLoader(cmd.Flags())
+	loader := config.NewLoader(cmd.Flags(), config.SnapshotCommand)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		setupLog(true)
 		cfg, err := loader.Load(*configFile)

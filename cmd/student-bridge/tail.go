@@ -35,7 +35,7 @@ Every flag can also be set in the config file's tail: section or by environment
 		SilenceUsage: true,
 		Args:         cobra.NoArgs,
 	}
-	loader := config.NewTail(cmd.Flags())
+	loader := config.NewLoader(cmd.Flags(), config.TailCommand)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		setupLog(true)
 		cfg, err := loader.Load(*configFile)

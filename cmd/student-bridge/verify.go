@@ -67,7 +67,7 @@ on students.example.k8s.io.`,
 	cmd.Flags().BoolVar(&o.Strict, "strict", false, "Report a Student with no event as missing even when older events have left the stream.")
 	cmd.Flags().StringVarP(&output, "output", "o", "text", "Output: text (a line per finding) or json (the whole report).")
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Minute, "How long reading all three sources may take, twice with --settle.")
-	loader := config.NewVerifyLoader(cmd.Flags())
+	loader := config.NewLoader(cmd.Flags(), config.VerifyCommand)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		setupLog(true)
 		if output != "text" && output != "json" {

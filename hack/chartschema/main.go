@@ -102,8 +102,8 @@ func settingSchema(s config.Setting) obj {
 		out["items"] = obj{"type": "string"}
 	default:
 		out["type"] = "string"
-		if c, ok := config.Choices[s.Key]; ok {
-			out["enum"] = c
+		if s.Choices != nil {
+			out["enum"] = s.Choices
 		}
 	}
 	return out
@@ -192,6 +192,7 @@ func valuesSchema() obj {
 		"resources":                 kube("object", "Resources of the bridge's container."),
 		"nodeSelector":              stringMap("Node selector of the bridge's pods."),
 		"tolerations":               kube("array", "Tolerations of the bridge's pods."),
+		"extraEnv":                  kube("array", "Extra environment variables of the bridge's container (EnvVar objects), such as OTEL_EXPORTER_OTLP_ENDPOINT for tracing."),
 		"affinity":                  kube("object", "Affinity of the bridge's pods."),
 		"topologySpreadConstraints": kube("array", "Topology spread constraints of the bridge's pods."),
 		"priorityClassName":         str("Priority class of the bridge's pods."),

@@ -10,8 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
-	"runtime/debug"
 	"sync"
 	"time"
 
@@ -54,12 +52,12 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 		"leaderElection", cfg.LeaderElection.Enabled, "holdDeletesWithFinalizer", cfg.Deletes.HoldWithFinalizer)
 
 	registerMetrics()
-	setMemoryLimit(cfg, log)
+	setMemoryLimit(log)
 	layout, err := natssink.NewSubjectLayout(cfg.NATS.SubjectPrefix, cfg.NATS.SubjectLayout)
 	if err != nil {
 		return fmt.Errorf("config key nats.subjectLayout: %w", err)
 	}
-	stopTracing, err := tracing.Setup(ctx, cfg.Tracing, reconciler.ControllerName)
+	stopTracing, err := tracing.Setup(ctx, reconciler.ControllerName)
 	if err != nil {
 		return err
 	}
@@ -347,23 +345,6 @@ func trimStudent(records *reconciler.Records) toolscache.TransformFunc {
 			records.Share(s)
 		}
 		return obj, nil
-	}
-}
-
-// setMemoryLimit sets the Go runtime's soft memory limit to 90% of
-// memoryLimit (the container's), unless GOMEMLIMIT set one already: the
-// rest is for what the runtime does not count (stacks of the OS, the
-// binary) and for the garbage collector to catch up.
-func setMemoryLimit(cfg *config.Config, log logr.Logger) {
-	limit, _ := cfg.MemoryLimitBytes() // validated
-	switch {
-	case limit == 0:
-	case os.Getenv("GOMEMLIMIT") != "":
-		log.Info("GOMEMLIMIT is set; memoryLimit is not used for the Go memory limit", "GOMEMLIMIT", os.Getenv("GOMEMLIMIT"))
-	default:
-		soft := limit / 10 * 9
-		debug.SetMemoryLimit(soft)
-		log.Info("Go memory limit set", "memoryLimit", limit, "goMemLimit", soft)
 	}
 }
 

@@ -29,7 +29,7 @@ import (
 func TestReleaseFinalizersWaitsForTheLeader(t *testing.T) {
 	ctx := context.Background()
 	ns, other := newNamespace(t), newNamespace(t)
-	cfg, err := config.New(nil).Load("")
+	cfg, err := config.NewLoader(nil, config.BridgeCommand).Load("")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestReleaseFinalizersWaitsForTheLeader(t *testing.T) {
 func TestReleaseFinalizersWaitsForEveryShard(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
-	cfg, err := config.New(nil).Load("")
+	cfg, err := config.NewLoader(nil, config.BridgeCommand).Load("")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -100,7 +100,7 @@ func testTrace(t *testing.T, enc string) {
 	ns := newNamespace(t)
 	cfg := testConfig(t, ns, "trace"+enc)
 	cfg.NATS.Encoding = enc
-	cfg.Tracing.Endpoint, cfg.Tracing.Insecure = addr, true
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://"+addr) // http: without TLS
 	cfg.Status.QPS = 100
 	startBridge(t, cfg)
 	nc := natsConn(t)

@@ -77,7 +77,7 @@ func StartWith(t *testing.T, st *stack.Stack, prefix string, tweak func(*config.
 // delays and timeouts, cluster "test", no leader election and no ports.
 func Config(t testing.TB, st *stack.Stack, ns, prefix string) *config.Config {
 	t.Helper()
-	cfg, err := config.New(nil).Load("")
+	cfg, err := config.NewLoader(nil, config.BridgeCommand).Load("")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
@@ -20,7 +21,7 @@ import (
 func load(t *testing.T, file string, args ...string) (*config.Config, error) {
 	t.Helper()
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
-	l := config.New(fs)
+	l := config.NewLoader(fs, config.BridgeCommand)
 	if err := fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}
@@ -115,6 +116,8 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		want string
 	}{
 		{"unknown key", "natz:\n  url: x\n", nil, nil, "natz.url"},
+		{"unknown variable", "", map[string]string{"STUDENT_BRIDGE_NATS_URL": "nats://x:4222"}, nil, "STUDENT_BRIDGE_NATS_URL"},
+		{"a key that is gone", "tracing:\n  endpoint: x:4317\n", nil, nil, "tracing.endpoint"},
 		{"bad duration", "retry:\n  maxDelay: soon\n", nil, nil, "retry.maxDelay"},
 		{"bad number", "workers: many\n", nil, nil, "workers"},
 		{"zero workers", "", nil, []string{"--workers=0"}, "workers"},
@@ -129,8 +132,6 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		{"bad metrics address", "", nil, []string{"--metrics-bind-address=8080"}, "metricsAddr"},
 		{"bad pprof address", "", nil, []string{"--pprof-bind-address=6060"}, "pprofAddr"},
 		{"no Events budget", "kubernetesEventsQPS: 0\n", nil, nil, "kubernetesEventsQPS"},
-		{"memory limit not a quantity", "", map[string]string{"STUDENT_BRIDGE_MEMORYLIMIT": "lots"}, nil, "memoryLimit"},
-		{"no memory", "", nil, []string{"--memory-limit=0"}, "memoryLimit"},
 		{"fleet without a cluster name", "", nil, []string{"--fleet-hub-domain=hub"}, "cluster"},
 		{"fleet cluster not a token", "", nil, []string{"--fleet-hub-domain=hub", "--cluster=east.1"}, "cluster"},
 		{"hub domain is the cluster", "", nil, []string{"--fleet-hub-domain=east", "--cluster=east"}, "fleet.hubDomain"},
@@ -185,7 +186,7 @@ func TestTailSettings(t *testing.T) {
 	loadTail := func(file string, args ...string) *config.Config {
 		t.Helper()
 		fs := pflag.NewFlagSet("tail", pflag.ContinueOnError)
-		l := config.NewTail(fs)
+		l := config.NewLoader(fs, config.TailCommand)
 		if err := fs.Parse(args); err != nil {
 			t.Fatal(err)
 		}
@@ -219,13 +220,19 @@ func TestTailSettings(t *testing.T) {
 // TestChoicesAreWhatValidateAccepts: the choices the Helm chart's schema is
 // generated from are exactly the values the bridge accepts.
 func TestChoicesAreWhatValidateAccepts(t *testing.T) {
-	for key, choices := range config.Choices {
+	checked := 0
+	for _, s := range append(config.Settings, config.TailSettings...) {
+		key, choices := s.Key, s.Choices
+		if choices == nil {
+			continue
+		}
+		checked++
 		load := func() error {
 			if strings.HasPrefix(key, "tail.") {
-				_, err := config.NewTail(nil).Load("")
+				_, err := config.NewLoader(nil, config.TailCommand).Load("")
 				return err
 			}
-			_, err := config.New(nil).Load("")
+			_, err := config.NewLoader(nil, config.BridgeCommand).Load("")
 			return err
 		}
 		for _, c := range choices {
@@ -245,6 +252,9 @@ func TestChoicesAreWhatValidateAccepts(t *testing.T) {
 			t.Errorf("%s=bogus: %v, want an error naming the key", key, err)
 		}
 		t.Setenv(config.EnvName(key), choices[0])
+	}
+	if checked < 7 {
+		t.Errorf("%d keys have choices; the table had 7", checked)
 	}
 }
 
@@ -292,4 +302,22 @@ func sameDefault(def any, stated string) bool {
 		return err == nil && fmt.Sprint(v) == fmt.Sprint(d)
 	}
 	return fmt.Sprint(def) == stated
+}
+
+// TestDefaultsAreTheContracts: the defaults that name the contract's
+// stream, subjects and buckets (tags cannot refer to constants) are the
+// contract's.
+func TestDefaultsAreTheContracts(t *testing.T) {
+	for key, want := range map[string]string{
+		"nats.subjectPrefix":      studentv1.DefaultSubjectPrefix,
+		"nats.stream.name":        studentv1.DefaultStream,
+		"state.bucket":            studentv1.DefaultRecordsBucket,
+		"snapshot.requestSubject": studentv1.DefaultSnapshotSubject,
+		"receipts.bucket":         studentv1.ReceiptsBucket,
+		"fleet.receiptsBucket":    studentv1.FleetReceiptsBucket,
+	} {
+		if s, _ := config.Lookup(key); s.Default != want {
+			t.Errorf("%s defaults to %v; the contract says %q", key, s.Default, want)
+		}
+	}
 }

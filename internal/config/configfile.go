@@ -14,7 +14,7 @@ func DocumentedYAML() string {
 # Precedence: flag > environment (STUDENT_BRIDGE_<KEY>, dots become underscores,
 # e.g. nats.urls -> STUDENT_BRIDGE_NATS_URLS) > this file > built-in default.
 # Load it with --config configs/student-bridge.yaml.
-# Generated from internal/config by 'make generate'; edit the Settings there.
+# Generated from internal/config by 'make generate'; edit Config's tags there.
 `)
 	var prev []string
 	for _, s := range allSettings() {

@@ -27,7 +27,7 @@ func FuzzLoad(f *testing.F) {
 		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		for _, l := range []*config.Loader{config.New(nil), config.NewTail(nil)} {
+		for _, l := range []*config.Loader{config.NewLoader(nil, config.BridgeCommand), config.NewLoader(nil, config.TailCommand)} {
 			cfg, err := l.Load(p)
 			if err != nil {
 				if !strings.Contains(err.Error(), "config") {

@@ -1,11 +1,12 @@
 package config
 
 // Loading: one viper instance per load, defaults from the settings table,
-// then the file, the environment and the flags.
+// then the file, the environment and the flags of the command.
 
 import (
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -15,109 +16,66 @@ import (
 	"github.com/spf13/viper"
 )
 
-// Loader reads configuration. Create one per load with New or NewTail.
+// Loader reads configuration. Create one per load with NewLoader.
 type Loader struct {
 	v        *viper.Viper
 	validate func(*Config) error
 }
 
-// New returns the bridge's Loader, with every default set and the bridge's
-// flags registered on fs (which may be nil).
-func New(fs *pflag.FlagSet) *Loader {
-	l := newLoader()
-	l.validate = (*Config).Validate
-	l.addFlags(fs, Settings)
-	return l
+// A Command is what one command reads: its keys (a key, or a prefix ending
+// in '.') get flags, and Validate checks them. The other keys keep their
+// defaults unless the file or the environment sets them.
+type Command struct {
+	Keys     []string
+	Validate func(*Config) error
 }
 
-// NewTail returns the Loader of `student-bridge tail`: the tail.* flags and
-// the NATS connection flags it shares with the bridge.
-func NewTail(fs *pflag.FlagSet) *Loader {
-	l := newLoader()
-	l.validate = (*Config).ValidateTail
-	l.addFlags(fs, connectionSettings())
-	l.addFlags(fs, TailSettings)
-	return l
-}
+// natsConnection are the keys of every command that connects to NATS.
+var natsConnection = []string{"nats.urls", "nats.name", "nats.connectTimeout", "nats.reconnectWait", "nats.maxReconnects",
+	"nats.subjectPrefix", "nats.stream.name", "nats.auth.", "nats.tls."}
 
-// NewSnapshotLoader returns the Loader of `student-bridge snapshot`: the NATS
-// connection flags and snapshot.requestSubject.
-func NewSnapshotLoader(fs *pflag.FlagSet) *Loader {
-	l := newLoader()
-	l.validate = (*Config).validateConnection
-	l.addFlags(fs, connectionSettings())
-	l.addFlags(fs, settingsNamed("snapshot.requestSubject"))
-	return l
-}
+// The commands of student-bridge.
+var (
+	// BridgeCommand reads every key but tail's.
+	BridgeCommand = Command{Keys: keysOf(Settings), Validate: (*Config).Validate}
+	// TailCommand: the NATS connection and tail.*.
+	TailCommand = Command{Keys: append(slices.Clone(natsConnection), "tail."), Validate: (*Config).ValidateTail}
+	// SnapshotCommand: the NATS connection and where snapshot requests go.
+	SnapshotCommand = Command{Keys: append(slices.Clone(natsConnection), "snapshot.requestSubject"), Validate: (*Config).validateConnection}
+	// HubCommand: the NATS connection (to the hub).
+	HubCommand = Command{Keys: natsConnection, Validate: (*Config).validateConnection}
+	// ServicesCommand: the NATS connection, the record store and receipts buckets
+	// and the expected services.
+	ServicesCommand = Command{Keys: append(slices.Clone(natsConnection), "state.bucket", "receipts.bucket", "services.expected"), Validate: (*Config).validateConnection}
+	// VerifyCommand: the NATS connection, where the Kubernetes API is, which
+	// Students the bridge watches, its cluster name and its record store.
+	VerifyCommand = Command{Keys: append(slices.Clone(natsConnection), "kubeconfig", "master", "cluster", "namespaces", "labelSelector", "state.bucket"), Validate: (*Config).validateVerify}
+	// ReleaseCommand (release-finalizers): where the Kubernetes API is, which
+	// Students the bridge watched and its leader election or shard Leases.
+	ReleaseCommand = Command{Keys: []string{"kubeconfig", "master", "namespaces", "labelSelector", "shards.count", "leaderElection."}, Validate: (*Config).validateRelease}
+)
 
-// NewHubLoader returns the Loader of `student-bridge hub`: the NATS
-// connection flags (to the hub).
-func NewHubLoader(fs *pflag.FlagSet) *Loader {
+// NewLoader returns a Loader for cmd, with every default set and cmd's
+// flags registered on fs (which may be nil), in the table's order.
+func NewLoader(fs *pflag.FlagSet, cmd Command) *Loader {
 	l := newLoader()
-	l.validate = (*Config).validateConnection
-	l.addFlags(fs, connectionSettings())
-	return l
-}
-
-// NewServicesLoader returns the Loader of `student-bridge services`: the
-// NATS connection flags, the record store and receipts buckets and the
-// expected services.
-func NewServicesLoader(fs *pflag.FlagSet) *Loader {
-	l := newLoader()
-	l.validate = (*Config).validateConnection
-	l.addFlags(fs, connectionSettings())
-	l.addFlags(fs, settingsNamed("state.bucket", "receipts.bucket", "services.expected"))
-	return l
-}
-
-// NewVerifyLoader returns the Loader of `student-bridge verify`: the NATS
-// connection flags, where the Kubernetes API is, which Students the bridge
-// watches, its cluster name and its record store.
-func NewVerifyLoader(fs *pflag.FlagSet) *Loader {
-	l := newLoader()
-	l.validate = (*Config).validateVerify
-	l.addFlags(fs, connectionSettings())
-	l.addFlags(fs, settingsNamed("kubeconfig", "master", "cluster", "namespaces", "labelSelector", "state.bucket"))
-	return l
-}
-
-// NewReleaseLoader returns the Loader of `student-bridge release-finalizers`:
-// where the Kubernetes API is, which Students the bridge watched and its
-// leader election Lease.
-func NewReleaseLoader(fs *pflag.FlagSet) *Loader {
-	l := newLoader()
-	l.validate = (*Config).validateRelease
-	for _, s := range Settings {
-		switch {
-		case s.Key == "kubeconfig", s.Key == "master", s.Key == "namespaces", s.Key == "labelSelector", s.Key == "shards.count",
-			strings.HasPrefix(s.Key, "leaderElection."):
-			l.addFlags(fs, []Setting{s})
+	l.validate = cmd.Validate
+	var own []Setting
+	for _, s := range allSettings() {
+		if slices.ContainsFunc(cmd.Keys, func(k string) bool { return s.Key == k || strings.HasSuffix(k, ".") && strings.HasPrefix(s.Key, k) }) {
+			own = append(own, s)
 		}
 	}
+	l.addFlags(fs, own)
 	return l
 }
 
-// settingsNamed returns the settings of keys, in the table's order.
-func settingsNamed(keys ...string) []Setting {
-	var out []Setting
-	for _, s := range Settings {
-		if slices.Contains(keys, s.Key) {
-			out = append(out, s)
-		}
+func keysOf(settings []Setting) []string {
+	keys := make([]string, len(settings))
+	for i, s := range settings {
+		keys[i] = s.Key
 	}
-	return out
-}
-
-func connectionSettings() []Setting {
-	var shared []Setting
-	for _, s := range Settings {
-		for _, k := range natsConnectionKeys {
-			if s.Key == k || (strings.HasSuffix(k, ".") && strings.HasPrefix(s.Key, k)) {
-				shared = append(shared, s)
-			}
-		}
-	}
-	return shared
+	return keys
 }
 
 func newLoader() *Loader {
@@ -134,10 +92,6 @@ func newLoader() *Loader {
 	return &Loader{v: v}
 }
 
-func allSettings() []Setting {
-	return append(append([]Setting(nil), Settings...), TailSettings...)
-}
-
 func (l *Loader) addFlags(fs *pflag.FlagSet, settings []Setting) {
 	if fs == nil {
 		return
@@ -146,10 +100,7 @@ func (l *Loader) addFlags(fs *pflag.FlagSet, settings []Setting) {
 		if s.Flag == "" {
 			continue
 		}
-		short := ""
-		if s.Flag == "output" {
-			short = "o"
-		}
+		short := s.Short
 		switch d := s.Default.(type) {
 		case bool:
 			fs.BoolP(s.Flag, short, d, s.Help)
@@ -192,10 +143,12 @@ func (l *Loader) Load(file string) (*Config, error) {
 			return nil, fmt.Errorf("config file %s: %w", file, err)
 		}
 	}
+	if err := checkKnownEnv(os.Environ()); err != nil {
+		return nil, err
+	}
 	var c Config
-	var md mapstructure.Metadata
 	err := l.v.Unmarshal(&c, func(dc *mapstructure.DecoderConfig) {
-		dc.Metadata = &md
+		dc.TagName = "key"
 		dc.ErrorUnused = false
 		dc.DecodeHook = mapstructure.ComposeDecodeHookFunc(
 			mapstructure.StringToTimeDurationHookFunc(),
@@ -227,6 +180,26 @@ func checkKnownKeys(keys []string) error {
 	}
 	if len(unknown) > 0 {
 		return fmt.Errorf("unknown key(s) %s", strings.Join(unknown, ", "))
+	}
+	return nil
+}
+
+// checkKnownEnv refuses a STUDENT_BRIDGE_* variable that names no key (a
+// typo, or a key that is gone), which would otherwise change nothing.
+func checkKnownEnv(environ []string) error {
+	known := map[string]bool{}
+	for _, s := range allSettings() {
+		known[EnvName(s.Key)] = true
+	}
+	var unknown []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, EnvPrefix+"_") && !known[name] {
+			unknown = append(unknown, name)
+		}
+	}
+	if len(unknown) > 0 {
+		return fmt.Errorf("environment variable(s) %s name no config key (see configs/student-bridge.yaml)", strings.Join(unknown, ", "))
 	}
 	return nil
 }

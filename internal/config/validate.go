@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/labels"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
@@ -26,11 +25,16 @@ func validBucketName(name string) bool {
 	return strings.Trim(name, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-") == ""
 }
 
-func isChoice(key, val string) bool { return slices.Contains(Choices[key], val) }
+func isChoice(key, val string) bool { return slices.Contains(choices(key), val) }
 
-// notAChoice is the error for val, which is not one of key's Choices.
+func choices(key string) []string {
+	s, _ := Lookup(key)
+	return s.Choices
+}
+
+// notAChoice is the error for val, which is not one of key's choices.
 func notAChoice(key, val string) error {
-	c := Choices[key]
+	c := choices(key)
 	return bad(key, "%q: want %s or %s", val, strings.Join(c[:len(c)-1], ", "), c[len(c)-1])
 }
 
@@ -131,25 +135,7 @@ func (c *Config) Validate() error {
 			return bad(addr.key, "%q is not host:port: %v", addr.val, err)
 		}
 	}
-	if _, err := c.MemoryLimitBytes(); err != nil {
-		return bad("memoryLimit", "%v", err)
-	}
 	return c.validateKubeconfig()
-}
-
-// MemoryLimitBytes is memoryLimit in bytes, 0 when it is empty.
-func (c *Config) MemoryLimitBytes() (int64, error) {
-	if c.MemoryLimit == "" {
-		return 0, nil
-	}
-	q, err := resource.ParseQuantity(c.MemoryLimit)
-	if err != nil {
-		return 0, fmt.Errorf("%q is not a number of bytes or a quantity such as 512Mi: %v", c.MemoryLimit, err)
-	}
-	if q.Sign() <= 0 {
-		return 0, fmt.Errorf("%q must be more than 0", c.MemoryLimit)
-	}
-	return q.Value(), nil
 }
 
 // validateKubeconfig checks that a kubeconfig named is there.

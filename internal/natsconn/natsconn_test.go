@@ -40,7 +40,7 @@ func secured(t *testing.T, configure func(*natsserver.Options)) string {
 
 func natsConfig(t *testing.T, url string, auth config.Auth, tlsCfg config.TLS) config.NATS {
 	t.Helper()
-	c, err := config.New(nil).Load("")
+	c, err := config.NewLoader(nil, config.BridgeCommand).Load("")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -28,9 +29,17 @@ import (
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
-// deployedMemoryLimit is the memory limit of the shipped Deployment and
-// chart, which they pass to the bridge as memoryLimit.
+// deployedMemoryLimit is the container memory limit of the shipped
+// Deployment and chart; the bridge in a container sets its Go memory limit
+// to 90% of it, as the process here is told by GOMEMLIMIT.
 const deployedMemoryLimit = "256Mi"
+
+// goMemLimit is the GOMEMLIMIT variable the bridge sets for itself in a
+// container limited to deployedMemoryLimit.
+func goMemLimit() string {
+	limit := resource.MustParse(deployedMemoryLimit)
+	return fmt.Sprintf("GOMEMLIMIT=%d", limit.Value()/10*9)
+}
 
 // restartReps is how many restarts with every Student published, and
 // starts of the raw informer's process, the restart table compares.
@@ -67,7 +76,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 		cmd.Env = os.Environ()
 		if limited {
-			cmd.Env = append(cmd.Env, "STUDENT_BRIDGE_MEMORYLIMIT="+deployedMemoryLimit)
+			cmd.Env = append(cmd.Env, goMemLimit())
 		}
 		t0 := time.Now()
 		if err := cmd.Start(); err != nil {

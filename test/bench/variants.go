@@ -379,7 +379,7 @@ func startBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinali
 
 // runBridge runs one bridge for the run until the returned stop.
 func runBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinalizer bool, tweak func(*config.Config)) (func(), error) {
-	cfg, err := config.New(nil).Load("")
+	cfg, err := config.NewLoader(nil, config.BridgeCommand).Load("")
 	if err != nil {
 		return nil, err
 	}

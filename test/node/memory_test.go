@@ -57,7 +57,8 @@ func cgroupMemory(p *corev1.Pod, containerID string) (peak, rss uint64, err erro
 }
 
 // TestMemoryLimitHolds10000Students: the bridge's replicas hold 10,000
-// Students under the shipped memory limit (256Mi, GOMEMLIMIT from it)
+// Students under the shipped memory limit (256Mi; the bridge reads it from
+// its cgroup and sets its Go memory limit to 90% of it)
 // without an OOM kill; the peak and RSS the kubelet's cgroups report are
 // logged.
 func TestMemoryLimitHolds10000Students(t *testing.T) {
@@ -84,6 +85,12 @@ func TestMemoryLimitHolds10000Students(t *testing.T) {
 	restartsBefore := map[string]int32{}
 	for _, p := range podsOf(t, "student-bridge") {
 		restartsBefore[p.Name] = restarts(&p)
+		// The bridge read its container's limit from its cgroup.
+		limit := p.Spec.Containers[0].Resources.Limits.Memory().Value()
+		want := fmt.Sprintf(`"containerLimit":%d,"goMemLimit":%d`, limit, limit/10*9)
+		if logs := kubectl(t, nil, "-n", systemNS, "logs", p.Name, "-c", "student-bridge"); !strings.Contains(logs, "Go memory limit set") || !strings.Contains(logs, want) {
+			t.Errorf("pod %s did not log %s:\n%s", p.Name, want, logs[:min(len(logs), 2000)])
+		}
 	}
 
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "many-"}}
