@@ -5,22 +5,15 @@
 # student-bridge:previous. The commit comes from git history, so a clone
 # needs it (a full clone has it; tags need not travel).
 #
-# Until v0.1.0 has a successor, the previous release is c5d2786, the commit
-# v0.1.0's work started from. Its image build (-tags nodev) did not compile:
-# a stub kept an old signature. It is built as its Dockerfile meant, with
-# that one line mended, because without the tag its binary links the test
-# packages and dies at start under the chart's readOnlyRootFilesystem.
+# The previous release is v0.1.0: acff4a7, the commit that set its version.
 set -euo pipefail
-PREVIOUS=c5d27864acc967a3016c60685d87d300c9a0849a
+PREVIOUS=acff4a7af3cdd4205ba2dc7b62698a41ed1d6b79
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$root/bin
 src=$bin/previous/src
 rm -rf "$bin/previous"
 mkdir -p "$src"
 git -C "$root" archive "$PREVIOUS" | tar -x -C "$src"
-if [ "$PREVIOUS" = c5d27864acc967a3016c60685d87d300c9a0849a ]; then
-	sed -i 's/^func newDevCommand(func(), \*string)/func newDevCommand(logSetup, *string)/' "$src/cmd/student-bridge/dev_disabled.go"
-fi
 (cd "$src" && CGO_ENABLED=0 GOOS=linux GOARCH=amd64 go build -tags nodev -trimpath -ldflags="-s -w" -o "$bin/previous/student-bridge" ./cmd/student-bridge)
 "$bin/ociimage" -out "$bin/images/student-bridge-previous.tar" -tag student-bridge:previous -entrypoint /student-bridge -user 65532:65532 \
 	-file "$bin/previous/student-bridge:/student-bridge:0755" -file "${CA_ROOTS:-/etc/ssl/certs/ca-certificates.crt}:/etc/ssl/certs/ca-certificates.crt:0644" \

@@ -9,9 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
@@ -25,7 +23,7 @@ var (
 	}, []string{"op", "result"})
 	loadDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "student_bridge_record_store_load_duration_seconds",
-		Help:    "How long reading the whole record store took at a start (with seeding it on an upgrade); nothing is published before.",
+		Help:    "How long reading the whole record store took at a start ; nothing is published before.",
 		Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
 	})
 	recordsGauge = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -76,11 +74,8 @@ func NewRecords() *Records {
 	}
 }
 
-// Load reads every record of store, which Records then writes to. If the
-// store is empty and seed is not nil, it writes what seed returns first: the
-// records an earlier version of the bridge kept in Student status, so an
-// upgrade republishes nothing.
-func (r *Records) Load(ctx context.Context, store sink.Store, seed func(context.Context) ([]studentv1.StudentRecord, error)) error {
+// Load reads every record of store, which Records then writes to.
+func (r *Records) Load(ctx context.Context, store sink.Store) error {
 	start := time.Now()
 	all, err := readStore(ctx, store)
 	if err != nil {
@@ -94,19 +89,6 @@ func (r *Records) Load(ctx context.Context, store sink.Store, seed func(context.
 	clear(r.unsaved)
 	for _, sr := range all {
 		r.setLocked(sr.rec, sr.revision, true)
-	}
-	// No record yet (the bucket may hold other keys, e.g. the shard count).
-	if len(r.byUID) == 0 && seed != nil {
-		seeded, err := seed(ctx)
-		if err != nil {
-			return fmt.Errorf("seed records from status: %w", err)
-		}
-		for _, sr := range seeded {
-			r.setLocked(sr, 0, false)
-		}
-		if err := r.flushLocked(ctx); err != nil {
-			return fmt.Errorf("seed records from status: %w", err)
-		}
 	}
 	recordsGauge.Set(float64(len(r.byUID)))
 	loadDuration.Observe(time.Since(start).Seconds())
@@ -518,38 +500,4 @@ func opResult(err error) string {
 		return "conflict"
 	}
 	return resultError
-}
-
-// SeedFromStatus returns the records that Students' status.lastPublished
-// held before the record store existed. It lists the Students in namespaces
-// (all when empty) that match selector from reader, the API server (the
-// bridge's cache does not keep what was published), a page at a time.
-func SeedFromStatus(reader client.Reader, namespaces []string, selector labels.Selector) func(context.Context) ([]studentv1.StudentRecord, error) {
-	return func(ctx context.Context) ([]studentv1.StudentRecord, error) {
-		if len(namespaces) == 0 {
-			namespaces = []string{""}
-		}
-		var out []studentv1.StudentRecord
-		for _, ns := range namespaces {
-			opts := []client.ListOption{client.InNamespace(ns), client.Limit(500)}
-			if selector != nil {
-				opts = append(opts, client.MatchingLabelsSelector{Selector: selector})
-			}
-			for cont := ""; ; {
-				var list studentv1.StudentList
-				if err := reader.List(ctx, &list, append(opts, client.Continue(cont))...); err != nil {
-					return nil, fmt.Errorf("list students: %w", err)
-				}
-				for _, s := range list.Items {
-					if s.Status.LastPublished != nil {
-						out = append(out, studentv1.StudentRecord{Namespace: s.Namespace, Name: s.Name, UID: s.UID, Published: *s.Status.LastPublished})
-					}
-				}
-				if cont = list.Continue; cont == "" {
-					break
-				}
-			}
-		}
-		return out, nil
-	}
 }

@@ -37,7 +37,7 @@ func TestRemoveHoldsUpNoOtherStudent(t *testing.T) {
 	ctx := context.Background()
 	store := &gatedStore{Store: &sinktest.Store{}, deleting: make(chan struct{}), release: make(chan struct{})}
 	recs := reconciler.NewRecords()
-	if err := recs.Load(ctx, store, nil); err != nil {
+	if err := recs.Load(ctx, store); err != nil {
 		t.Fatal(err)
 	}
 	rec := func(uid, typ string) studentv1.StudentRecord {
@@ -114,7 +114,7 @@ func TestReloadWhereTakesWhatOthersWrote(t *testing.T) {
 		return studentv1.StudentRecord{Namespace: "ns", Name: name, UID: types.UID(name), Published: studentv1.PublishedEvent{Type: typ, ID: name + "-" + typ}}
 	}
 	other := reconciler.NewRecords() // the replica that held the Students
-	if err := other.Load(ctx, store, nil); err != nil {
+	if err := other.Load(ctx, store); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"kept", "changed", "removed", "elsewhere"} {
@@ -123,7 +123,7 @@ func TestReloadWhereTakesWhatOthersWrote(t *testing.T) {
 		}
 	}
 	recs := reconciler.NewRecords() // the replica that gains them
-	if err := recs.Load(ctx, store, nil); err != nil {
+	if err := recs.Load(ctx, store); err != nil {
 		t.Fatal(err)
 	}
 	if err := other.Save(ctx, rec("changed", studentv1.EventTypeUpdated)); err != nil {
@@ -166,7 +166,7 @@ func TestShareHoldsStringsOnce(t *testing.T) {
 	ctx := context.Background()
 	store := &sinktest.Store{}
 	writer := reconciler.NewRecords()
-	if err := writer.Load(ctx, store, nil); err != nil {
+	if err := writer.Load(ctx, store); err != nil {
 		t.Fatal(err)
 	}
 	if err := writer.Save(ctx, studentv1.StudentRecord{Namespace: "ns", Name: "wang", UID: "uid-1",
@@ -174,7 +174,7 @@ func TestShareHoldsStringsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	recs := reconciler.NewRecords() // as a start reads them
-	if err := recs.Load(ctx, store, nil); err != nil {
+	if err := recs.Load(ctx, store); err != nil {
 		t.Fatal(err)
 	}
 	held, _ := recs.Get("uid-1")

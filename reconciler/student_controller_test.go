@@ -66,7 +66,7 @@ func newFixture(t *testing.T, holdWithFinalizer bool) *fixture {
 // load (re)loads the records from the store, as a bridge does at start.
 func (f *fixture) load() {
 	f.t.Helper()
-	if err := f.r.Records.Load(context.Background(), f.store, nil); err != nil {
+	if err := f.r.Records.Load(context.Background(), f.store); err != nil {
 		f.t.Fatal(err)
 	}
 }
@@ -264,37 +264,6 @@ func TestSequenceAfterPendingFirstEvent(t *testing.T) {
 	f.delete("early")
 	f.mustReconcile("early")
 	requireChain(t, f.requireEvents("created", "deleted"), 1)
-}
-
-// TestSequenceStartsAfterUpgrade: a record written before the bridge
-// counted (no studentSequence) makes the next event number 1, naming the
-// last event before the upgrade as its previous.
-func TestSequenceStartsAfterUpgrade(t *testing.T) {
-	f := newFixture(t, true)
-	stu := f.create("old", nil)
-	f.mustReconcile("old")
-	rec, _ := f.record(stu.UID)
-	oldID := rec.Published.ID
-	rec.Published.StudentSequence = 0
-	stored, err := f.store.Get(context.Background(), string(rec.UID))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := json.Marshal(rec)
-	if _, err := f.store.Put(context.Background(), string(rec.UID), b, stored.Revision); err != nil {
-		t.Fatal(err)
-	}
-	f.load()
-	f.update("old", func(s *studentv1.Student) { s.Spec.School = "beijing" })
-	f.mustReconcile("old")
-	evs := f.requireEvents("created", "updated")
-	requireChain(t, evs[1:], 1)
-	if prev := evs[1].Extensions()[studentv1.ExtensionPreviousID]; prev != oldID {
-		t.Errorf("first event after the upgrade names %v as previous, want %s", prev, oldID)
-	}
-	if rec, _ := f.record(stu.UID); rec.Published.StudentSequence != 1 {
-		t.Errorf("record after the upgrade: studentSequence %d, want 1", rec.Published.StudentSequence)
-	}
 }
 
 // TestFailedPublishHoldsTheDelete: while the broker refuses, the deleted

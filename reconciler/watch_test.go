@@ -37,7 +37,7 @@ func watched(ns string, generation int64, labels map[string]string, finalizers .
 func loadedReconciler(t *testing.T) *StudentReconciler {
 	t.Helper()
 	r := &StudentReconciler{Records: NewRecords(), Shards: owner{}, HoldWithFinalizer: true, Status: &StatusWriter{queue: newBacklog()}}
-	if err := r.Records.Load(context.Background(), &sinktest.Store{}, nil); err != nil {
+	if err := r.Records.Load(context.Background(), &sinktest.Store{}); err != nil {
 		t.Fatal(err)
 	}
 	stu := watched("mine", 1, nil)

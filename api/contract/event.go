@@ -126,8 +126,7 @@ func Chain(ev *cloudevents.Event, sequence int64, previousID string) {
 
 // Sequence is the per-Student sequence an event of eventType carries after
 // previous (nil: nothing published yet): one more than previous's, so 1 for
-// a Student's first event, and 1 too for the first event after a record
-// that predates counting. A snapshot is no change: it carries previous's
+// a Student's first event. A snapshot is no change: it carries previous's
 // count (0, none, when there is nothing to copy).
 func Sequence(eventType string, previous *studentv1.PublishedEvent) int64 {
 	var last int64

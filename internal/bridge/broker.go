@@ -13,7 +13,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
-	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink/natssink"
@@ -114,9 +113,8 @@ func (s *streamEnsurer) Start(ctx context.Context) error {
 }
 
 // recordLoader opens the record store when this replica becomes leader,
-// loads it (seeding it from Student status on an upgrade), and then queues
-// the records whose Students the cache does not have: deleted, or out of
-// scope, while no bridge ran.
+// loads it and then queues the records whose Students the cache does not
+// have: deleted, or out of scope, while no bridge ran.
 type recordLoader struct {
 	nc    *nats.Conn
 	mover *natssink.Mover
@@ -158,11 +156,7 @@ func (l *recordLoader) Start(ctx context.Context) error {
 			return err
 		}
 		start := time.Now()
-		seed := reconciler.SeedFromStatus(l.mgr.GetAPIReader(), l.cfg.Namespaces, l.selector)
-		if l.cfg.NATS.Mode == string(natssink.JetStream) {
-			seed = seedInStream(l.nc, l.cfg.NATS.Stream.Name, seed, l.log)
-		}
-		if err := l.r.Records.Load(ctx, store, seed); err != nil {
+		if err := l.r.Records.Load(ctx, store); err != nil {
 			return err
 		}
 		l.log.Info("record store loaded", "bucket", bucket.Name, "records", l.r.Records.Len(), "took", time.Since(start).String())
@@ -193,45 +187,6 @@ func (l *recordLoader) Start(ctx context.Context) error {
 		l.log.Info("catching up with what changed while no bridge ran, first", "changed", changed, "gone", gone)
 	}
 	return nil
-}
-
-// seedInStream keeps, of the records seed takes from Student status (an
-// upgrade from a version that kept them there), those whose event can be
-// in the stream: a status names the event's stream sequence, and one
-// beyond the stream's last sequence was written by a bridge that published
-// to another stream (another deployment watching the same Students, or a
-// stream deleted since). Their Students are published anew rather than
-// taken as published.
-func seedInStream(nc *nats.Conn, stream string, seed func(context.Context) ([]studentv1.StudentRecord, error), log logr.Logger) func(context.Context) ([]studentv1.StudentRecord, error) {
-	return func(ctx context.Context) ([]studentv1.StudentRecord, error) {
-		recs, err := seed(ctx)
-		if err != nil || len(recs) == 0 {
-			return recs, err
-		}
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return nil, err
-		}
-		var last uint64 // a stream not created yet holds nothing
-		s, err := js.Stream(ctx, stream)
-		switch {
-		case err == nil:
-			last = s.CachedInfo().State.LastSeq // the lookup is a STREAM.INFO
-		case !errors.Is(err, jetstream.ErrStreamNotFound):
-			return nil, fmt.Errorf("stream %s: %w", stream, err)
-		}
-		kept := make([]studentv1.StudentRecord, 0, len(recs))
-		for _, rec := range recs {
-			if rec.Published.Sequence > 0 && uint64(rec.Published.Sequence) <= last {
-				kept = append(kept, rec)
-			}
-		}
-		if n := len(recs) - len(kept); n > 0 {
-			log.Info("Students' status names events beyond the stream's last sequence, published to another stream; publishing them anew",
-				"students", n, "stream", stream, "lastSequence", last)
-		}
-		return kept, nil
-	}
 }
 
 // connectionWatch stops the bridge once its NATS connection gave up

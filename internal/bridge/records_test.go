@@ -5,14 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
-	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
@@ -102,116 +98,6 @@ func TestRecordStoreUnavailable(t *testing.T) {
 	}
 	if len(seen) != 3 {
 		t.Errorf("a core subscriber saw %v, want each event once", types(seen))
-	}
-}
-
-// TestUpgradeFromStatusRecords: Students published by a version of the
-// bridge that kept its record in status.lastPublished, and an empty bucket:
-// the bridge seeds the bucket from the status and publishes nothing; the
-// next change chains to the id in the status.
-func TestUpgradeFromStatusRecords(t *testing.T) {
-	ctx := context.Background()
-	ns := newNamespace(t)
-	cfg := testConfig(t, ns, "upgrade")
-	nc := natsConn(t)
-	var ids []string
-	for i := range 2 {
-		stu := newStudent(ns, fmt.Sprintf("old-%d", i), "wang", "china")
-		stu.Finalizers = []string{studentv1.Finalizer}
-		if err := st.Client.Create(ctx, stu); err != nil {
-			t.Fatal(err)
-		}
-		id := contract.EventID(studentv1.EventTypeCreated, stu, "")
-		ids = append(ids, id)
-		stu.Status.LastPublished = &studentv1.PublishedEvent{
-			Type: studentv1.EventTypeCreated, ID: id, Time: metav1.NewTime(time.Now().Truncate(time.Second)),
-			Generation: stu.Generation, Sequence: int64(i + 1), Spec: stu.Spec,
-		}
-		if err := st.Client.Status().Update(ctx, stu); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The stream holds what that version published.
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.NATS.Stream.Name, Subjects: []string{cfg.NATS.SubjectPrefix + ".>"}}); err != nil {
-		t.Fatal(err)
-	}
-	for i, id := range ids {
-		ev, err := contract.NewEvent(cfg.Cluster, studentv1.EventTypeCreated, id, getStudent(t, ns, fmt.Sprintf("old-%d", i)), nil, time.Now())
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, err := json.Marshal(ev)
-		if err != nil {
-			t.Fatal(err)
-		}
-		msg := nats.NewMsg(cfg.NATS.SubjectPrefix + ".created")
-		msg.Header.Set("Content-Type", "application/cloudevents+json")
-		msg.Data = body
-		if _, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(id)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	sub, err := stacktest.Subscribe(nc, "upgrade.>")
-	if err != nil {
-		t.Fatal(err)
-	}
-	startBridge(t, cfg)
-	stacktest.WaitFor(t, "the bucket seeded from status", func() error {
-		kv, err := js.KeyValue(ctx, cfg.State.Bucket)
-		if err != nil {
-			return err
-		}
-		st, err := kv.Status(ctx)
-		if err != nil {
-			return err
-		}
-		if st.Values() != 3 { // two records and the shard count
-			return fmt.Errorf("bucket holds %d values", st.Values())
-		}
-		return nil
-	})
-	patch(t, getStudent(t, ns, "old-0"), func(s *studentv1.Student) { s.Spec.School = "beijing" })
-	got := waitStream(t, nc, cfg.NATS.Stream.Name, 3)[2]
-	old0 := getStudent(t, ns, "old-0")
-	if want := contract.EventID(studentv1.EventTypeUpdated, old0, ids[0]); got.Event.ID() != want || got.Data.PreviousSpec == nil || got.Data.PreviousSpec.School != "china" {
-		t.Errorf("first event after the upgrade: %s id %s previous %+v, want updated id %s chained to the status", got.Event.Type(), got.Event.ID(), got.Data.PreviousSpec, want)
-	}
-	seen, err := sub.Events()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(seen) != 1 {
-		t.Errorf("a core subscriber saw %v, want only the update", types(seen))
-	}
-}
-
-// TestSeedIgnoresAnotherStreamsStatus: Students whose status another
-// bridge wrote, publishing to another stream (here: its sequence 7 where
-// this stream holds nothing), are not taken as published to this one:
-// the bridge publishes them.
-func TestSeedIgnoresAnotherStreamsStatus(t *testing.T) {
-	ctx := context.Background()
-	ns := newNamespace(t)
-	cfg := testConfig(t, ns, "elsewhere")
-	stu := newStudent(ns, "seen-elsewhere", "wang", "china")
-	if err := st.Client.Create(ctx, stu); err != nil {
-		t.Fatal(err)
-	}
-	stu.Status.LastPublished = &studentv1.PublishedEvent{
-		Type: studentv1.EventTypeCreated, ID: contract.EventID(studentv1.EventTypeCreated, stu, ""), Time: metav1.NewTime(time.Now().Truncate(time.Second)),
-		Generation: stu.Generation, Sequence: 7, Spec: stu.Spec,
-	}
-	if err := st.Client.Status().Update(ctx, stu); err != nil {
-		t.Fatal(err)
-	}
-	startBridge(t, cfg)
-	got := waitStream(t, natsConn(t), cfg.NATS.Stream.Name, 1)
-	if got[0].Event.Type() != studentv1.EventTypeCreated || got[0].Data.Metadata.Name != "seen-elsewhere" {
-		t.Errorf("published %s of %s, want created of seen-elsewhere", got[0].Event.Type(), got[0].Data.Metadata.Name)
 	}
 }
 
