@@ -271,7 +271,7 @@ func (m *Mirror) track(d *Desired) {
 	prev, seen := m.numbers[k]
 	next := d.StudentSequence
 	if next == 0 {
-		return // an event of a bridge that did not count yet
+		return // no sequence: a snapshot of a Student with no event yet
 	}
 	want := prev + 1
 	if d.EventType == studentv1.EventTypeSnapshot {

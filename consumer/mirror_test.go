@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -16,38 +15,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/consumer"
-	"github.com/student-bridge/student-bridge/internal/bridgetest"
-	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/services"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
-
-var st *stack.Stack
-
-func TestMain(m *testing.M) {
-	os.Exit(stacktest.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
-}
-
-// world is a namespace watched by a bridge of its own.
-type world struct {
-	*bridgetest.World
-	ns  string
-	cfg *config.Config
-	nc  *nats.Conn
-}
-
-func newWorld(t *testing.T, prefix string, expected ...string) *world {
-	t.Helper()
-	w := bridgetest.Start(t, st, prefix, expected...)
-	return &world{World: w, ns: w.Namespace, cfg: w.Config, nc: w.NC}
-}
 
 // mirror starts a Mirror of service with handler (and the tweaked
 // options); stop cancels it and waits for Run to return.
@@ -119,22 +93,6 @@ func (r *recorder) take() []consumer.Change {
 	return out
 }
 
-// apiState is what the API server holds in ns: uid -> "name=school".
-func apiState(t *testing.T, ns string) map[string]string {
-	t.Helper()
-	var list studentv1.StudentList
-	if err := st.Client.List(context.Background(), &list, client.InNamespace(ns)); err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]string{}
-	for _, s := range list.Items {
-		if s.DeletionTimestamp.IsZero() {
-			out[string(s.UID)] = s.Name + "=" + s.Spec.School
-		}
-	}
-	return out
-}
-
 func mirrorState(m *consumer.Mirror) map[string]string {
 	out := map[string]string{}
 	for uid, d := range m.State() {
@@ -143,14 +101,14 @@ func mirrorState(m *consumer.Mirror) map[string]string {
 	return out
 }
 
-// waitSame waits until the mirror holds exactly what the API server holds.
-func waitSame(t *testing.T, ns string, m *consumer.Mirror) map[string]string {
+// waitSame waits until the mirror holds exactly the world's Students.
+func (w *world) waitSame(t *testing.T, m *consumer.Mirror) map[string]string {
 	t.Helper()
 	var want map[string]string
 	if err := stacktest.Eventually(60*time.Second, func() error {
-		want = apiState(t, ns)
+		want = w.state()
 		if got := mirrorState(m); fmt.Sprint(got) != fmt.Sprint(want) {
-			return fmt.Errorf("mirror holds %d Students, the API server %d; differ: %v", len(got), len(want), diff(got, want))
+			return fmt.Errorf("mirror holds %d Students, the world %d; differ: %v", len(got), len(want), diff(got, want))
 		}
 		return nil
 	}); err != nil {
@@ -168,7 +126,7 @@ func diff(got, want map[string]string) []string {
 	}
 	for k, v := range got {
 		if _, ok := want[k]; !ok {
-			out = append(out, fmt.Sprintf("%s: %q not in the API server", k, v))
+			out = append(out, fmt.Sprintf("%s: %q not in the world", k, v))
 		}
 	}
 	sort.Strings(out)
@@ -176,15 +134,6 @@ func diff(got, want map[string]string) []string {
 		out = append(out[:5], "...")
 	}
 	return out
-}
-
-func create(t *testing.T, ns, name, school string) *studentv1.Student {
-	t.Helper()
-	s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: studentv1.StudentSpec{Name: name, School: school}}
-	if err := st.Client.Create(context.Background(), s); err != nil {
-		t.Fatal(err)
-	}
-	return s
 }
 
 // waitPublished waits until the stream holds n events.
@@ -261,26 +210,25 @@ func (w *world) waitSequences(t *testing.T, first, last uint64) {
 // started again, it gets the changes of its downtime, once per Student, in
 // stream order, with the state it applied before as Old.
 func TestMirrorRebuildsThenFollows(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	w := newWorld(t, "mirror")
 	var all []*studentv1.Student
 	for i := range 100 {
-		all = append(all, create(t, w.ns, fmt.Sprintf("s%03d", i), "china"))
+		all = append(all, w.create(t, fmt.Sprintf("s%03d", i), "china"))
 	}
 	// Published first: without the finalizer policy, a Student deleted
 	// before the bridge held it with its finalizer gets no event at all
 	// (docs/guarantees.md), which a busy machine makes likely.
 	w.waitPublished(t, 100)
 	for _, s := range all[:20] {
-		if err := st.Client.Delete(ctx, s); err != nil {
-			t.Fatal(err)
-		}
+		w.remove(t, s)
 	}
 	w.waitPublished(t, 120)
 
 	rec := &recorder{}
 	m, stop := w.mirror(t, "roster", rec.handle)
-	want := waitSame(t, w.ns, m)
+	want := w.waitSame(t, m)
 	changes := rec.take()
 	if len(changes) != 80 {
 		t.Errorf("the rebuild handed over %d changes, want one per live Student (80)", len(changes))
@@ -315,21 +263,19 @@ func TestMirrorRebuildsThenFollows(t *testing.T) {
 	stop()
 	updated := all[20:25]
 	for _, s := range updated {
-		bridgetest.Patch(t, st.Client, s.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
+		w.update(t, s, "tsinghua")
 	}
 	w.waitPublished(t, 125)
-	bridgetest.Patch(t, st.Client, updated[0].DeepCopy(), func(s *studentv1.Student) { s.Spec.School = "peking" })
+	w.update(t, updated[0], "peking")
 	for _, s := range all[25:28] {
-		if err := st.Client.Delete(ctx, s); err != nil {
-			t.Fatal(err)
-		}
+		w.remove(t, s)
 	}
-	create(t, w.ns, "new-a", "fudan")
-	create(t, w.ns, "new-b", "fudan")
+	w.create(t, "new-a", "fudan")
+	w.create(t, "new-b", "fudan")
 	w.waitPublished(t, 131)
 
 	m, stop = w.mirror(t, "roster", rec.handle)
-	waitSame(t, w.ns, m)
+	w.waitSame(t, m)
 	changes = rec.take()
 	byName := map[string]consumer.Change{}
 	for _, c := range changes {
@@ -367,7 +313,7 @@ func TestMirrorRebuildsThenFollows(t *testing.T) {
 		t.Fatal(err)
 	}
 	m, _ = w.mirror(t, "roster", rec.handle)
-	waitSame(t, w.ns, m)
+	w.waitSame(t, m)
 	if again := rec.take(); len(again) != 0 {
 		t.Errorf("with its consumer deleted, %d changes were handed over again: %v", len(again), names(again))
 	}
@@ -388,21 +334,15 @@ func names(cs []consumer.Change) []string {
 	return out
 }
 
-func getFresh(t *testing.T, s *studentv1.Student) *studentv1.Student {
-	t.Helper()
-	var fresh studentv1.Student
-	if err := st.Client.Get(context.Background(), client.ObjectKeyFromObject(s), &fresh); err != nil {
-		t.Fatal(err)
-	}
-	return &fresh
-}
-
 // TestMirrorRetriesAndReports: a change the handler fails three times is
-// retried, reported failed, then applied; the Student shows Failed, then
-// InSync 1/1; other Students are not held back meanwhile.
+// retried, reported failed (a receipt with the handler's error), then
+// applied (a receipt of the event applied); other Students are not held
+// back meanwhile. (How the bridge shows receipts on a Student's status is
+// the bridge's to test.)
 func TestMirrorRetriesAndReports(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	w := newWorld(t, "retry", "roster")
+	w := newWorld(t, "retry")
 	// stubborn fails at least three times, and until other was applied:
 	// other must not wait for it.
 	var failures int
@@ -419,15 +359,12 @@ func TestMirrorRetriesAndReports(t *testing.T) {
 	}}
 	_, _ = w.mirror(t, "roster", rec.handle)
 
-	stubborn := create(t, w.ns, "stubborn", "china")
-	// The Student shows the failure.
-	waitStudent(t, stubborn, func(s *studentv1.Student) error {
-		for _, svc := range s.Status.Services {
-			if svc.Name == "roster" && svc.State == studentv1.ServiceFailed && strings.Contains(svc.Message, "library system offline") {
-				return nil
-			}
+	stubborn := w.create(t, "stubborn", "china")
+	w.waitReceipt(t, "roster", stubborn, func(r studentv1.Receipt) error {
+		if r.Result != studentv1.ResultFailed || !strings.Contains(r.Message, "library system offline") {
+			return fmt.Errorf("receipt %+v, want failed with the handler's error", r)
 		}
-		return fmt.Errorf("services %+v", s.Status.Services)
+		return nil
 	})
 	report := func() map[string]services.Row {
 		rows, err := services.Report(ctx, w.nc, services.Options{Stream: w.cfg.NATS.Stream.Name, RecordsBucket: w.cfg.State.Bucket,
@@ -444,9 +381,10 @@ func TestMirrorRetriesAndReports(t *testing.T) {
 	if r := report()["roster"]; r.Failed != 1 || r.InSync != 0 || !r.Consumer {
 		t.Errorf("student-bridge services while stubborn fails: %+v", r)
 	}
-	other := create(t, w.ns, "other", "china")
-	waitStudent(t, other, inSync("1/1"))
-	waitStudent(t, stubborn, inSync("1/1"))
+	other := w.create(t, "other", "china")
+	for _, s := range []*studentv1.Student{other, stubborn} {
+		w.waitReceipt(t, "roster", s, applied(w.lastID(s)))
+	}
 	if err := stacktest.Eventually(10*time.Second, func() error {
 		rows := report()
 		if r := rows["roster"]; r.InSync != 2 || r.Behind != 0 || r.Failed != 0 || !r.Consumer || r.Pending != 0 || r.AckedSequence != 2 {
@@ -489,20 +427,40 @@ func lastIndexOf(s []string, v string) int {
 	return -1
 }
 
-func inSync(want string) func(*studentv1.Student) error {
-	return func(s *studentv1.Student) error {
-		c := meta.FindStatusCondition(s.Status.Conditions, studentv1.ConditionInSync)
-		if s.Status.ServicesInSync != want || c == nil || c.Status != metav1.ConditionTrue {
-			return fmt.Errorf("servicesInSync %q, InSync %v, services %+v", s.Status.ServicesInSync, c, s.Status.Services)
+// applied wants a receipt of the event id applied.
+func applied(id string) func(studentv1.Receipt) error {
+	return func(r studentv1.Receipt) error {
+		if r.Result != studentv1.ResultApplied || r.EventID != id {
+			return fmt.Errorf("receipt %+v, want %s applied", r, id)
 		}
 		return nil
 	}
 }
 
-func waitStudent(t *testing.T, s *studentv1.Student, cond func(*studentv1.Student) error) {
+// waitReceipt waits until service's receipt for s meets cond.
+func (w *world) waitReceipt(t *testing.T, service string, s *studentv1.Student, cond func(studentv1.Receipt) error) {
 	t.Helper()
-	if err := stacktest.Eventually(30*time.Second, func() error { return cond(getFresh(t, s)) }); err != nil {
-		t.Fatalf("%s: %v", s.Name, err)
+	js, err := jetstream.New(w.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(context.Background(), w.cfg.Receipts.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := studentv1.ReceiptKey(service, string(s.UID))
+	if err := stacktest.Eventually(30*time.Second, func() error {
+		e, err := kv.Get(context.Background(), key)
+		if err != nil {
+			return err
+		}
+		r, err := studentv1.ParseReceipt(key, e.Value())
+		if err != nil {
+			return err
+		}
+		return cond(r)
+	}); err != nil {
+		t.Fatalf("%s's receipt for %s: %v", service, s.Name, err)
 	}
 }
 
@@ -510,26 +468,26 @@ func waitStudent(t *testing.T, s *studentv1.Student, cond func(*studentv1.Studen
 // the stream (here its message limit; in a deployment its maxAge), the
 // rebuild asks the bridge for a snapshot and still ends with every Student.
 func TestMirrorAsksForASnapshot(t *testing.T) {
+	t.Parallel()
 	// 60 created (sequences 1-60), ten of them updated five times (61-110);
 	// the stream keeps 80 events, so s10-s29 have none left. The snapshot
 	// (60 more events) fits in what the stream keeps.
-	bw := bridgetest.StartWith(t, st, "aged", func(cfg *config.Config) { cfg.NATS.Stream.MaxMsgs = 80 })
-	w := &world{World: bw, ns: bw.Namespace, cfg: bw.Config, nc: bw.NC}
+	w := newWorldWith(t, "aged", worldOptions{maxMsgs: 80})
 	var students []*studentv1.Student
 	for i := range 60 {
-		students = append(students, create(t, w.ns, fmt.Sprintf("s%02d", i), "china"))
+		students = append(students, w.create(t, fmt.Sprintf("s%02d", i), "china"))
 	}
 	w.waitPublished(t, 60)
 	for round := range 5 {
 		for _, s := range students[:10] {
-			bridgetest.Patch(t, st.Client, s.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = fmt.Sprintf("school-%d", round) })
+			w.update(t, s, fmt.Sprintf("school-%d", round))
 		}
 		w.waitSequences(t, 0, uint64(60+10*(round+1)))
 	}
 	w.waitSequences(t, 31, 110)
 	rec := &recorder{}
 	m, _ := w.mirror(t, "late", rec.handle)
-	waitSame(t, w.ns, m)
+	w.waitSame(t, m)
 	if n := len(rec.take()); n != 60 {
 		t.Errorf("the rebuild handed over %d changes, want 60", n)
 	}
@@ -540,14 +498,15 @@ func TestMirrorAsksForASnapshot(t *testing.T) {
 // mirror counts it and applies the newest state all the same. The events
 // of other Students in between are no gap.
 func TestMirrorCountsAGap(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	w := newWorld(t, "gaps")
-	x := create(t, w.ns, "x", "china")
-	create(t, w.ns, "y", "china")
+	x := w.create(t, "x", "china")
+	w.create(t, "y", "china")
 	w.waitPublished(t, 2)
 	rec := &recorder{}
 	m, stop := w.mirror(t, "gaps", rec.handle)
-	waitSame(t, w.ns, m)
+	w.waitSame(t, m)
 	w.waitAcked(t, "gaps", 2)
 	stop()
 	if n := m.Gaps(); n != 0 {
@@ -555,7 +514,7 @@ func TestMirrorCountsAGap(t *testing.T) {
 	}
 
 	for _, school := range []string{"beijing", "shanghai"} {
-		bridgetest.Patch(t, st.Client, x.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = school })
+		w.update(t, x, school)
 	}
 	w.waitPublished(t, 4)
 	js, err := jetstream.New(w.nc)
@@ -570,7 +529,7 @@ func TestMirrorCountsAGap(t *testing.T) {
 		t.Fatal(err)
 	}
 	m, stop = w.mirror(t, "gaps", rec.handle)
-	if got := waitSame(t, w.ns, m); got[string(x.UID)] != "x=shanghai" {
+	if got := w.waitSame(t, m); got[string(x.UID)] != "x=shanghai" {
 		t.Errorf("mirror holds %q for x, want its newest state", got[string(x.UID)])
 	}
 	if n := m.Gaps(); n != 1 {
@@ -584,7 +543,7 @@ func TestMirrorCountsAGap(t *testing.T) {
 	// that follows, numbered 4 too, is one above the last change the
 	// mirror read (3). y's snapshot, numbered as its created event, is no
 	// gap.
-	bridgetest.Patch(t, st.Client, x.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = "wuhan" })
+	w.update(t, x, "wuhan")
 	w.waitSequences(t, 1, 5)
 	if err := stream.DeleteMsg(ctx, 5); err != nil {
 		t.Fatal(err)
@@ -595,7 +554,7 @@ func TestMirrorCountsAGap(t *testing.T) {
 	}
 	w.waitSequences(t, 1, 7)
 	m, _ = w.mirror(t, "gaps", rec.handle)
-	if got := waitSame(t, w.ns, m); got[string(x.UID)] != "x=wuhan" {
+	if got := w.waitSame(t, m); got[string(x.UID)] != "x=wuhan" {
 		t.Errorf("mirror holds %q for x, want its state in the snapshot", got[string(x.UID)])
 	}
 	// The rebuild reads the stream from its start again: the first gap
@@ -610,10 +569,11 @@ func TestMirrorCountsAGap(t *testing.T) {
 // leader moves to another node of a cluster), without breaking. Once it
 // flows again, the Mirror goes on with the next change.
 func TestMirrorOutlastsMissedHeartbeats(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, "stall")
-	create(t, w.ns, "x", "china")
+	w.create(t, "x", "china")
 	w.waitPublished(t, 1)
-	link, err := stack.NewLink(strings.TrimPrefix(st.NATS.URL(), "nats://"))
+	link, err := stack.NewLink(strings.TrimPrefix(server.URL(), "nats://"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -625,20 +585,21 @@ func TestMirrorOutlastsMissedHeartbeats(t *testing.T) {
 	t.Cleanup(nc.Close)
 	rec := &recorder{}
 	m, _ := w.mirrorOn(t, nc, "stall", rec.handle)
-	waitSame(t, w.ns, m)
+	w.waitSame(t, m)
 
 	link.SetDelay(12 * time.Second)
 	time.Sleep(12 * time.Second)
 	link.SetDelay(0)
-	create(t, w.ns, "y", "beijing")
-	waitSame(t, w.ns, m)
+	w.create(t, "y", "beijing")
+	w.waitSame(t, m)
 }
 
 // TestMirrorEndsWhenItsConsumerIsGone: a durable consumer deleted by hand
 // ends Run with an error that says so.
 func TestMirrorEndsWhenItsConsumerIsGone(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, "gone")
-	create(t, w.ns, "x", "china")
+	w.create(t, "x", "china")
 	w.waitPublished(t, 1)
 	m, err := consumer.NewMirror(w.nc, w.options("gone", (&recorder{}).handle, func(o *consumer.MirrorOptions) { o.SnapshotSubject = consumer.NoSnapshots }))
 	if err != nil {
@@ -648,7 +609,7 @@ func TestMirrorEndsWhenItsConsumerIsGone(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() { done <- m.Run(ctx) }()
-	waitSame(t, w.ns, m)
+	w.waitSame(t, m)
 	js, err := jetstream.New(w.nc)
 	if err != nil {
 		t.Fatal(err)

@@ -13,8 +13,6 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/consumer"
-	"github.com/student-bridge/student-bridge/internal/bridgetest"
-	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
@@ -73,13 +71,14 @@ func schools(cs []consumer.Change, name string) []string {
 // nothing is acknowledged, though the second's was applied; once it is
 // applied, both are.
 func TestMirrorAcksOnlyHandledEvents(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, "ackprefix")
 	rec, failing := failingFor("first")
 	m, _ := w.mirror(t, "roster", rec.handle)
 	w.waitAcked(t, "roster", 0) // the durable consumer exists: live from here
-	create(t, w.ns, "first", "china")
+	w.create(t, "first", "china")
 	w.waitPublished(t, 1) // first's event is sequence 1
-	second := create(t, w.ns, "second", "china")
+	second := w.create(t, "second", "china")
 	w.waitPublished(t, 2)
 	stacktest.WaitFor(t, "second applied while first fails", func() error {
 		if _, ok := m.State()[string(second.UID)]; !ok {
@@ -100,6 +99,7 @@ func TestMirrorAcksOnlyHandledEvents(t *testing.T) {
 // fails, its later changes wait and are coalesced into one (never handed
 // over one by one), and other Students are applied meanwhile.
 func TestMirrorHoldsBackOnlyTheFailingStudent(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, "holdback")
 	rec, failing := failingFor("stubborn")
 	// A retry 3 s after the failure: both later changes come before it.
@@ -107,16 +107,16 @@ func TestMirrorHoldsBackOnlyTheFailingStudent(t *testing.T) {
 		o.RetryBaseDelay, o.RetryMaxDelay = 3*time.Second, 3*time.Second
 	})
 	w.waitAcked(t, "roster", 0)
-	stubborn := create(t, w.ns, "stubborn", "china")
+	stubborn := w.create(t, "stubborn", "china")
 	stacktest.WaitFor(t, "stubborn's first change failed", func() error {
 		if n := len(schools(rec.snapshot(), "stubborn")); n == 0 {
 			return errors.New("not handed over yet")
 		}
 		return nil
 	})
-	bridgetest.Patch(t, st.Client, stubborn.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = "peking" })
-	bridgetest.Patch(t, st.Client, stubborn.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
-	other := create(t, w.ns, "other", "china")
+	w.update(t, stubborn, "peking")
+	w.update(t, stubborn, "tsinghua")
+	other := w.create(t, "other", "china")
 	w.waitPublished(t, 4)
 	stacktest.WaitFor(t, "other applied while stubborn waits", func() error {
 		if _, ok := m.State()[string(other.UID)]; !ok {
@@ -143,11 +143,12 @@ func TestMirrorHoldsBackOnlyTheFailingStudent(t *testing.T) {
 // change since the service applied them reaches no handler; a real change
 // after it does.
 func TestMirrorSkipsUnchangedSnapshots(t *testing.T) {
+	t.Parallel()
 	w := newWorld(t, "samesnap")
 	rec := &recorder{}
 	m, _ := w.mirror(t, "roster", rec.handle)
-	a := create(t, w.ns, "a", "china")
-	create(t, w.ns, "b", "china")
+	a := w.create(t, "a", "china")
+	w.create(t, "b", "china")
 	w.waitPublished(t, 2)
 	stacktest.WaitFor(t, "both applied", func() error {
 		if n := len(m.State()); n != 2 {
@@ -172,7 +173,7 @@ func TestMirrorSkipsUnchangedSnapshots(t *testing.T) {
 	if cs := rec.take(); len(cs) != 0 {
 		t.Fatalf("a snapshot of unchanged Students handed over %d changes (%v), want none", len(cs), names(cs))
 	}
-	bridgetest.Patch(t, st.Client, a.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = "peking" })
+	w.update(t, a, "peking")
 	w.waitPublished(t, 5)
 	stacktest.WaitFor(t, "the update applied", func() error {
 		if got := schools(rec.snapshot(), "a"); fmt.Sprint(got) != "[peking]" {
@@ -194,30 +195,30 @@ func (r *recorder) snapshot() []consumer.Change {
 // when it starts again, and ends with every Student, also those whose only
 // event it missed.
 func TestRestartedMirrorAsksForASnapshot(t *testing.T) {
+	t.Parallel()
 	// The stream keeps 40 events. Seen: s00-s09 (sequences 1-10). Then,
 	// with the service stopped, s10-s39 created (11-40) and s00-s09
 	// updated three times (41-70): s10-s29 have no event left.
-	bw := bridgetest.StartWith(t, st, "agedrestart", func(cfg *config.Config) { cfg.NATS.Stream.MaxMsgs = 40 })
-	w := &world{World: bw, ns: bw.Namespace, cfg: bw.Config, nc: bw.NC}
+	w := newWorldWith(t, "agedrestart", worldOptions{maxMsgs: 40})
 	rec := &recorder{}
 	_, stop := w.mirror(t, "late", rec.handle)
 	var students []*studentv1.Student
 	for i := range 10 {
-		students = append(students, create(t, w.ns, fmt.Sprintf("s%02d", i), "china"))
+		students = append(students, w.create(t, fmt.Sprintf("s%02d", i), "china"))
 	}
 	w.waitAcked(t, "late", 10)
 	stop()
 	for i := 10; i < 40; i++ {
-		create(t, w.ns, fmt.Sprintf("s%02d", i), "china")
+		w.create(t, fmt.Sprintf("s%02d", i), "china")
 	}
 	w.waitSequences(t, 0, 40)
 	for round := range 3 {
 		for _, s := range students {
-			bridgetest.Patch(t, st.Client, s.DeepCopy(), func(s *studentv1.Student) { s.Spec.School = fmt.Sprintf("school-%d", round) })
+			w.update(t, s, fmt.Sprintf("school-%d", round))
 		}
 		w.waitSequences(t, 0, uint64(40+10*(round+1)))
 	}
 	w.waitSequences(t, 31, 70)
 	m, _ := w.mirror(t, "late", rec.handle)
-	waitSame(t, w.ns, m)
+	w.waitSame(t, m)
 }

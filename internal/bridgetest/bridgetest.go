@@ -1,6 +1,6 @@
 // Package bridgetest runs bridges in tests, one way for every package:
 // Config and Run for the bridge's own tests, Start for the packages around
-// it (consumer, examples): a namespace of the test's own, watched by a
+// it (deploy, examples): a namespace of the test's own, watched by a
 // bridge with its own stream and buckets on the stack's NATS server,
 // removed when the test ends.
 package bridgetest
