@@ -126,7 +126,7 @@ func (c *catchUpTracker) Pending() int {
 // loaded. Changes made from then on are the ones a restart can publish
 // at once.
 func (r *StudentReconciler) workersStarted() {
-	r.Records.whenLoaded(publishingSince.SetToCurrentTime)
+	r.Records.WhenLoaded(publishingSince.SetToCurrentTime)
 }
 
 // HoldCatchUp keeps the start's catch-up open until release is called:

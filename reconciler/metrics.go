@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/reconciler/records"
 	"github.com/student-bridge/student-bridge/sink"
 )
 
@@ -71,9 +72,9 @@ var registerOnce sync.Once
 // dashboard reads is exported from then, at 0: a rate over a series that
 // appears only with its first error would miss that error.
 func RegisterMetrics() {
+	records.RegisterMetrics()
 	registerOnce.Do(func() {
 		metrics.Registry.MustRegister(eventsPublished, publishErrors, publishLatency, stageLatency,
-			storeOps, loadDuration, recordsGauge, unsavedGauge,
 			statusWrites, statusBacklog, receiptUpdates, serviceStudents,
 			catchUpPending, catchUpDuration, publishingSince)
 		for _, typ := range []string{studentv1.EventTypeCreated, studentv1.EventTypeUpdated, studentv1.EventTypeDeleted, studentv1.EventTypeSnapshot} {
@@ -86,11 +87,6 @@ func RegisterMetrics() {
 		}
 		for _, s := range Stages {
 			stageLatency.WithLabelValues(s)
-		}
-		for _, op := range []string{"load", "put", "delete"} {
-			for _, result := range []string{resultSuccess, "conflict", resultError} {
-				storeOps.WithLabelValues(op, result)
-			}
 		}
 		statusWrites.WithLabelValues(resultSuccess)
 		statusWrites.WithLabelValues(resultError)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/reconciler/records"
 	"github.com/student-bridge/student-bridge/sink"
 )
 
@@ -29,7 +30,7 @@ type Snapshotter struct {
 	// Records, when set, gives each snapshot the sequence and id of the
 	// last change published for its Student, read from the record store
 	// (where every replica's records are) once per snapshot.
-	Records *Records
+	Records *records.Set
 }
 
 // SnapshotResult is what a snapshot published.

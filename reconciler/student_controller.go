@@ -36,6 +36,8 @@ import (
 
 	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/reconciler/queue"
+	"github.com/student-bridge/student-bridge/reconciler/records"
 	"github.com/student-bridge/student-bridge/sink"
 )
 
@@ -56,7 +58,7 @@ type StudentReconciler struct {
 	// Sink receives the CloudEvents.
 	Sink sink.Sink
 	// Records is what was published; reconciles wait until it is loaded.
-	Records *Records
+	Records *records.Set
 	// HoldWithFinalizer keeps a deleted Student until its deleted event is
 	// acknowledged (the exact final state). Without it the bridge writes
 	// nothing to Students, and a delete carries the watch's final state (or
@@ -691,10 +693,10 @@ func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.O
 		}
 	}
 	if opts.NewQueue == nil {
-		// A catch-up waits behind live changes for LowPriorityWait at
+		// A catch-up waits behind live changes for queue.LowPriorityWait at
 		// most. The start's catch-up is held open until the workers
 		// start: the watch's initial list is all queued then.
-		opts.NewQueue = newAgingQueue(LowPriorityWait, mgr.GetLogger().WithName("queue"), func() func() {
+		opts.NewQueue = queue.NewAging(queue.LowPriorityWait, mgr.GetLogger().WithName("queue"), func() func() {
 			release := r.catchUps.hold()
 			return func() { release(); r.workersStarted() }
 		})

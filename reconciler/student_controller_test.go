@@ -24,6 +24,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/reconciler"
+	"github.com/student-bridge/student-bridge/reconciler/records"
 	"github.com/student-bridge/student-bridge/sink"
 	"github.com/student-bridge/student-bridge/sink/sinktest"
 )
@@ -54,7 +55,7 @@ func newFixture(t *testing.T, holdWithFinalizer bool) *fixture {
 	f.r = &reconciler.StudentReconciler{
 		Client:            st.Client,
 		Sink:              f.sink,
-		Records:           reconciler.NewRecords(),
+		Records:           records.New(),
 		HoldWithFinalizer: holdWithFinalizer,
 		Recorder:          nopRecorder{},
 		Cluster:           "test",
@@ -234,7 +235,7 @@ func TestSequenceSurvivesRestart(t *testing.T) {
 	f := newFixture(t, true)
 	f.create("a", nil)
 	f.mustReconcile("a")
-	f.r = &reconciler.StudentReconciler{Client: st.Client, Sink: f.sink, Records: reconciler.NewRecords(), HoldWithFinalizer: true, Recorder: nopRecorder{}, Cluster: "test"}
+	f.r = &reconciler.StudentReconciler{Client: st.Client, Sink: f.sink, Records: records.New(), HoldWithFinalizer: true, Recorder: nopRecorder{}, Cluster: "test"}
 	f.load()
 	f.update("a", func(s *studentv1.Student) { s.Spec.School = "beijing" })
 	f.mustReconcile("a")
@@ -379,7 +380,7 @@ func TestRestartRepublishesNothing(t *testing.T) {
 		f.create(n, nil)
 		f.mustReconcile(n)
 	}
-	f.r = &reconciler.StudentReconciler{Client: st.Client, Sink: f.sink, Records: reconciler.NewRecords(), HoldWithFinalizer: true, Recorder: nopRecorder{}, Cluster: "test"}
+	f.r = &reconciler.StudentReconciler{Client: st.Client, Sink: f.sink, Records: records.New(), HoldWithFinalizer: true, Recorder: nopRecorder{}, Cluster: "test"}
 	f.load()
 	f.mustReconcile("a")
 	f.mustReconcile("b")

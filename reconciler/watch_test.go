@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/reconciler/records"
 	"github.com/student-bridge/student-bridge/sink/sinktest"
 )
 
@@ -36,7 +37,7 @@ func watched(ns string, generation int64, labels map[string]string, finalizers .
 // mine/wang at generation 1, with a status writer that writes nothing.
 func loadedReconciler(t *testing.T) *StudentReconciler {
 	t.Helper()
-	r := &StudentReconciler{Records: NewRecords(), Shards: owner{}, HoldWithFinalizer: true, Status: &StatusWriter{queue: newBacklog()}}
+	r := &StudentReconciler{Records: records.New(), Shards: owner{}, HoldWithFinalizer: true, Status: &StatusWriter{queue: newBacklog()}}
 	if err := r.Records.Load(context.Background(), &sinktest.Store{}); err != nil {
 		t.Fatal(err)
 	}

@@ -39,6 +39,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/tracing"
 	"github.com/student-bridge/student-bridge/internal/version"
 	"github.com/student-bridge/student-bridge/reconciler"
+	"github.com/student-bridge/student-bridge/reconciler/records"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
@@ -95,8 +96,8 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	}
 	// The cache shares the records' strings (trimStudent), so both exist
 	// before the manager.
-	records := reconciler.NewRecords()
-	mgr, err := newManager(cfg, restCfg, selector, records)
+	recs := records.New()
+	mgr, err := newManager(cfg, restCfg, selector, recs)
 	if err != nil {
 		return err
 	}
@@ -104,7 +105,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	if err != nil {
 		return err
 	}
-	r, err := addReconciler(mgr, cfg, selector, pub, records, log)
+	r, err := addReconciler(mgr, cfg, selector, pub, recs, log)
 	if err != nil {
 		return err
 	}
@@ -194,12 +195,12 @@ func addBrokerSetup(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, layo
 
 // addReconciler sets up the Student reconciler with its Kubernetes Event
 // recorder and status writer.
-func addReconciler(mgr manager.Manager, cfg *config.Config, selector labels.Selector, pub *natssink.Publisher, records *reconciler.Records, log logr.Logger) (*reconciler.StudentReconciler, error) {
+func addReconciler(mgr manager.Manager, cfg *config.Config, selector labels.Selector, pub *natssink.Publisher, recs *records.Set, log logr.Logger) (*reconciler.StudentReconciler, error) {
 	r := &reconciler.StudentReconciler{
 		Client:            mgr.GetClient(),
 		APIReader:         mgr.GetAPIReader(),
 		Sink:              pub,
-		Records:           records,
+		Records:           recs,
 		HoldWithFinalizer: cfg.Deletes.HoldWithFinalizer,
 		Recorder:          nopRecorder{},
 		Cluster:           cfg.Cluster,
@@ -244,7 +245,7 @@ func addReconciler(mgr manager.Manager, cfg *config.Config, selector labels.Sele
 	return r, nil
 }
 
-func addSnapshots(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, pub *natssink.Publisher, records *reconciler.Records, log logr.Logger) error {
+func addSnapshots(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, pub *natssink.Publisher, recs *records.Set, log logr.Logger) error {
 	if !cfg.Snapshot.OnStartup && cfg.Snapshot.RequestSubject == "" {
 		return nil
 	}
@@ -264,7 +265,7 @@ func addSnapshots(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, pub *n
 	return mgr.Add(&snapshotServer{
 		nc:          nc,
 		cache:       mgr.GetCache(),
-		snap:        &reconciler.Snapshotter{Reader: mgr.GetClient(), Sink: pub, Cluster: cfg.Cluster, Records: records},
+		snap:        &reconciler.Snapshotter{Reader: mgr.GetClient(), Sink: pub, Cluster: cfg.Cluster, Records: recs},
 		onStartup:   cfg.Snapshot.OnStartup,
 		subjects:    subjects,
 		namespaces:  cfg.Namespaces,
@@ -289,8 +290,8 @@ func addHealth(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, brokerRea
 	})
 }
 
-func newManager(cfg *config.Config, restCfg *rest.Config, selector labels.Selector, records *reconciler.Records) (manager.Manager, error) {
-	students := cache.ByObject{Transform: trimStudent(records)}
+func newManager(cfg *config.Config, restCfg *rest.Config, selector labels.Selector, recs *records.Set) (manager.Manager, error) {
+	students := cache.ByObject{Transform: trimStudent(recs)}
 	cacheOpts := cache.Options{DefaultTransform: cache.TransformStripManagedFields()}
 	if len(cfg.Namespaces) > 0 {
 		cacheOpts.DefaultNamespaces = map[string]cache.Config{}
@@ -338,11 +339,11 @@ func newManager(cfg *config.Config, restCfg *rest.Config, selector labels.Select
 // trimStudent keeps in the cache only what the bridge reads of a Student
 // (reconciler.TrimForCache), with the strings it shares with its record
 // held once (Records.Share).
-func trimStudent(records *reconciler.Records) toolscache.TransformFunc {
+func trimStudent(recs *records.Set) toolscache.TransformFunc {
 	return func(obj any) (any, error) {
 		if s, ok := obj.(*studentv1.Student); ok {
 			reconciler.TrimForCache(s)
-			records.Share(s)
+			recs.Share(s)
 		}
 		return obj, nil
 	}

@@ -19,11 +19,12 @@ import (
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/reconciler"
+	"github.com/student-bridge/student-bridge/reconciler/queue"
 )
 
 // TestCatchUpUnderLoad: a restart's catch-up (the watch's initial list,
 // which controller-runtime queues below live changes) finishes while live
-// changes keep every worker busy, within reconciler.LowPriorityWait and a
+// changes keep every worker busy, within queue.LowPriorityWait and a
 // few times the same catch-up with nothing else to do. The quiet Students
 // lose their finalizer while the bridge is down, so each needs a
 // reconcile (the finalizer back) and none a publish: they are queued only
@@ -87,9 +88,9 @@ func TestCatchUpUnderLoad(t *testing.T) {
 	// priority: at most one per busy Student.
 	var deepest float64
 	started := time.Now()
-	bound := reconciler.LowPriorityWait + 4*idle + 5*time.Second
+	bound := queue.LowPriorityWait + 4*idle + 5*time.Second
 	loaded := catchUpAfterStart(t, func() { stop = startBridge(t, cfg) }, bound+30*time.Second, func() {
-		if time.Since(started) < reconciler.LowPriorityWait {
+		if time.Since(started) < queue.LowPriorityWait {
 			deepest = max(deepest, gauge(t, "workqueue_depth", "priority", "0"))
 		}
 	})

@@ -1,4 +1,4 @@
-package reconciler
+package queue
 
 import (
 	"fmt"
@@ -23,7 +23,7 @@ import (
 func newTestQueue(t *testing.T, maxWait time.Duration) (*agingQueue, *int) {
 	t.Helper()
 	started := new(int)
-	q := newAgingQueue(maxWait, logr.Discard(), func() func() {
+	q := NewAging(maxWait, logr.Discard(), func() func() {
 		return func() { *started++ }
 	})(t.Name(), workqueue.DefaultTypedControllerRateLimiter[reconcile.Request]()).(*agingQueue)
 	t.Cleanup(q.ShutDown)

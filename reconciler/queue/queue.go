@@ -1,4 +1,7 @@
-package reconciler
+// Package queue is the reconciler's work queue: controller-runtime's
+// priority queue in which a catch-up (the low priority items of a watch's
+// initial list) cannot be starved by live changes.
+package queue
 
 import (
 	"slices"
@@ -52,11 +55,12 @@ type agingQueue struct {
 	workingOnce sync.Once
 }
 
-// newAgingQueue returns what controller.Options.NewQueue takes. The
+// NewAging returns what controller.Options.NewQueue takes: an aging queue
+// raising its low items after maxWait without progress. The
 // controller makes its queue when it starts (on the leader, with leader
 // election); starting calls (and the workers' first request ends)
 // starting's release.
-func newAgingQueue(maxWait time.Duration, log logr.Logger, starting func() (release func())) func(string, workqueue.TypedRateLimiter[reconcile.Request]) workqueue.TypedRateLimitingInterface[reconcile.Request] {
+func NewAging(maxWait time.Duration, log logr.Logger, starting func() (release func())) func(string, workqueue.TypedRateLimiter[reconcile.Request]) workqueue.TypedRateLimitingInterface[reconcile.Request] {
 	return func(name string, rl workqueue.TypedRateLimiter[reconcile.Request]) workqueue.TypedRateLimitingInterface[reconcile.Request] {
 		q := &agingQueue{
 			working: starting(),

@@ -1,4 +1,7 @@
-package reconciler
+// Package records keeps what the bridge published per Student: the
+// record store (a JetStream key-value bucket, sink.Store), read once at a
+// start and then kept current by the bridge's own writes.
+package records
 
 import (
 	"context"
@@ -7,13 +10,20 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unique"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/sink"
+)
+
+const (
+	resultSuccess = "success"
+	resultError   = "error"
 )
 
 var (
@@ -23,7 +33,7 @@ var (
 	}, []string{"op", "result"})
 	loadDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "student_bridge_record_store_load_duration_seconds",
-		Help:    "How long reading the whole record store took at a start ; nothing is published before.",
+		Help:    "How long reading the whole record store took at a start; nothing is published before.",
 		Buckets: prometheus.ExponentialBuckets(0.01, 2, 14),
 	})
 	recordsGauge = prometheus.NewGauge(prometheus.GaugeOpts{
@@ -36,7 +46,22 @@ var (
 	})
 )
 
-// Records is the bridge's memory of what it published: the record store
+var registerOnce sync.Once
+
+// RegisterMetrics registers the records' metrics with controller-runtime's
+// registry, once per process, every series at 0.
+func RegisterMetrics() {
+	registerOnce.Do(func() {
+		metrics.Registry.MustRegister(storeOps, loadDuration, recordsGauge, unsavedGauge)
+		for _, op := range []string{"load", "put", "delete"} {
+			for _, result := range []string{resultSuccess, "conflict", resultError} {
+				storeOps.WithLabelValues(op, result)
+			}
+		}
+	})
+}
+
+// Set is the bridge's memory of what it published: the record store
 // (a sink.Store, a JetStream key-value bucket in production), loaded once
 // and then kept current by the bridge's own writes. Reconciles read it
 // instead of the Student's status.
@@ -45,7 +70,7 @@ var (
 // so it must not be published again, and nothing new is published until the
 // store takes the write (fail closed: a store that cannot record would let a
 // restart republish everything).
-type Records struct {
+type Set struct {
 	store sink.Store
 
 	mu     sync.Mutex
@@ -64,9 +89,9 @@ type entry struct {
 	revision uint64 // 0: not in the store
 }
 
-// NewRecords returns an empty view; Load fills it from a store.
-func NewRecords() *Records {
-	return &Records{
+// New returns an empty Set; Load fills it from a store.
+func New() *Set {
+	return &Set{
 		byUID:   map[types.UID]*entry{},
 		byName:  map[types.NamespacedName][]types.UID{},
 		loaded:  make(chan struct{}),
@@ -74,8 +99,8 @@ func NewRecords() *Records {
 	}
 }
 
-// Load reads every record of store, which Records then writes to.
-func (r *Records) Load(ctx context.Context, store sink.Store) error {
+// Load reads every record of store, which the Set then writes to.
+func (r *Set) Load(ctx context.Context, store sink.Store) error {
 	start := time.Now()
 	all, err := readStore(ctx, store)
 	if err != nil {
@@ -102,8 +127,8 @@ func (r *Records) Load(ctx context.Context, store sink.Store) error {
 	return nil
 }
 
-// whenLoaded calls f once the first Load finished: at once if it has.
-func (r *Records) whenLoaded(f func()) {
+// WhenLoaded calls f once the first Load finished: at once if it has.
+func (r *Set) WhenLoaded(f func()) {
 	r.mu.Lock()
 	if !r.Loaded() { // Load closes loaded under the lock
 		r.afterLoad = append(r.afterLoad, f)
@@ -122,7 +147,7 @@ func (r *Records) whenLoaded(f func()) {
 // what it holds already: a record held at the revision the store has is
 // not decoded again (decoding is most of a reload at scale, and a
 // failover waits for the reload).
-func (r *Records) ReloadWhere(ctx context.Context, in func(studentv1.StudentRecord) bool) error {
+func (r *Set) ReloadWhere(ctx context.Context, in func(studentv1.StudentRecord) bool) error {
 	if err := r.Wait(ctx); err != nil {
 		return err
 	}
@@ -205,7 +230,7 @@ func readStoreExcept(ctx context.Context, store sink.Store, skip func(key string
 
 // Stored reads every record from the store, as it is now (every replica's
 // writes, not only this one's).
-func (r *Records) Stored(ctx context.Context) ([]studentv1.StudentRecord, error) {
+func (r *Set) Stored(ctx context.Context) ([]studentv1.StudentRecord, error) {
 	if err := r.Wait(ctx); err != nil {
 		return nil, err
 	}
@@ -224,7 +249,7 @@ func (r *Records) Stored(ctx context.Context) ([]studentv1.StudentRecord, error)
 }
 
 // Wait blocks until the first Load finished.
-func (r *Records) Wait(ctx context.Context) error {
+func (r *Set) Wait(ctx context.Context) error {
 	select {
 	case <-r.loaded:
 		return nil
@@ -234,7 +259,7 @@ func (r *Records) Wait(ctx context.Context) error {
 }
 
 // Loaded says whether the first Load finished.
-func (r *Records) Loaded() bool {
+func (r *Set) Loaded() bool {
 	select {
 	case <-r.loaded:
 		return true
@@ -244,7 +269,7 @@ func (r *Records) Loaded() bool {
 }
 
 // Get returns the record of uid.
-func (r *Records) Get(uid types.UID) (studentv1.StudentRecord, bool) {
+func (r *Set) Get(uid types.UID) (studentv1.StudentRecord, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e, ok := r.byUID[uid]
@@ -255,7 +280,7 @@ func (r *Records) Get(uid types.UID) (studentv1.StudentRecord, bool) {
 }
 
 // ForName returns the records of every uid that had name key.
-func (r *Records) ForName(key types.NamespacedName) []studentv1.StudentRecord {
+func (r *Set) ForName(key types.NamespacedName) []studentv1.StudentRecord {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []studentv1.StudentRecord
@@ -270,7 +295,7 @@ func (r *Records) ForName(key types.NamespacedName) []studentv1.StudentRecord {
 // spec and the id its status names once, not twice. It is for a Student
 // on its way into the cache (a transform), which nothing reads yet; one
 // without a record, or before the records are loaded, keeps its own.
-func (r *Records) Share(s *studentv1.Student) {
+func (r *Set) Share(s *studentv1.Student) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e, ok := r.byUID[s.UID]
@@ -296,14 +321,14 @@ func same(s, held string) string {
 }
 
 // Len is the number of records.
-func (r *Records) Len() int {
+func (r *Set) Len() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.byUID)
 }
 
 // All returns every record.
-func (r *Records) All() []studentv1.StudentRecord {
+func (r *Set) All() []studentv1.StudentRecord {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]studentv1.StudentRecord, 0, len(r.byUID))
@@ -323,7 +348,7 @@ func (r *Records) All() []studentv1.StudentRecord {
 // once, so nobody else in this bridge writes the same key. While earlier
 // records wait for the store (after a failure), they are written first,
 // under the lock, in one go.
-func (r *Records) Save(ctx context.Context, rec studentv1.StudentRecord) error {
+func (r *Set) Save(ctx context.Context, rec studentv1.StudentRecord) error {
 	uid := rec.UID
 	r.mu.Lock()
 	if len(r.unsaved) > 0 {
@@ -354,7 +379,7 @@ func (r *Records) Save(ctx context.Context, rec studentv1.StudentRecord) error {
 // store holds (another writer's record is the truth, and holding back one
 // that never fits would block every other Student), or else e kept as
 // unsaved.
-func (r *Records) settleLocked(ctx context.Context, uid types.UID, e *entry, revision uint64, err error) error {
+func (r *Set) settleLocked(ctx context.Context, uid types.UID, e *entry, revision uint64, err error) error {
 	storeOps.WithLabelValues("put", opResult(err)).Inc()
 	switch {
 	case err == nil:
@@ -372,14 +397,14 @@ func (r *Records) settleLocked(ctx context.Context, uid types.UID, e *entry, rev
 // Flush writes the records whose write failed before. It returns nil once
 // the store holds everything this bridge published; only then may it
 // publish again.
-func (r *Records) Flush(ctx context.Context) error {
+func (r *Set) Flush(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.flushLocked(ctx)
 }
 
 // Unsaved reports how many records wait for the store.
-func (r *Records) Unsaved() int {
+func (r *Set) Unsaved() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.unsaved)
@@ -392,7 +417,7 @@ func (r *Records) Unsaved() int {
 // all up. The compare-and-set on the revision read here keeps it safe: a
 // write of the same key meanwhile (a flush of unsaved records) makes the
 // delete conflict, and the record is read again.
-func (r *Records) Remove(ctx context.Context, uid types.UID) error {
+func (r *Set) Remove(ctx context.Context, uid types.UID) error {
 	r.mu.Lock()
 	e, ok := r.byUID[uid]
 	if !ok {
@@ -420,7 +445,7 @@ func (r *Records) Remove(ctx context.Context, uid types.UID) error {
 	return nil
 }
 
-func (r *Records) flushLocked(ctx context.Context) error {
+func (r *Set) flushLocked(ctx context.Context) error {
 	var errs []error
 	for uid := range r.unsaved {
 		e := r.byUID[uid]
@@ -439,7 +464,7 @@ func (r *Records) flushLocked(ctx context.Context) error {
 }
 
 // rereadLocked replaces the memory of uid with what the store holds.
-func (r *Records) rereadLocked(ctx context.Context, uid types.UID) {
+func (r *Set) rereadLocked(ctx context.Context, uid types.UID) {
 	key := contract.RecordKey(uid)
 	rec, err := r.store.Get(ctx, key)
 	if errors.Is(err, sink.ErrNotFound) {
@@ -449,14 +474,14 @@ func (r *Records) rereadLocked(ctx context.Context, uid types.UID) {
 	}
 }
 
-func (r *Records) revisionLocked(uid types.UID) uint64 {
+func (r *Set) revisionLocked(uid types.UID) uint64 {
 	if e, ok := r.byUID[uid]; ok {
 		return e.revision
 	}
 	return 0
 }
 
-func (r *Records) setLocked(rec studentv1.StudentRecord, revision uint64, saved bool) {
+func (r *Set) setLocked(rec studentv1.StudentRecord, revision uint64, saved bool) {
 	uid := rec.UID
 	key := types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}
 	if _, ok := r.byUID[uid]; !ok {
@@ -470,7 +495,7 @@ func (r *Records) setLocked(rec studentv1.StudentRecord, revision uint64, saved 
 	r.byUID[uid] = &entry{rec: rec, revision: revision}
 }
 
-func (r *Records) dropLocked(uid types.UID) {
+func (r *Set) dropLocked(uid types.UID) {
 	e, ok := r.byUID[uid]
 	if !ok {
 		return
@@ -500,4 +525,13 @@ func opResult(err error) string {
 		return "conflict"
 	}
 	return resultError
+}
+
+// intern returns s held once for the process (unique.Make): the namespace
+// and event type many records share cost their bytes once.
+func intern(s string) string {
+	if s == "" {
+		return s
+	}
+	return unique.Make(s).Value()
 }

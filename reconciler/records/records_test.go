@@ -1,4 +1,4 @@
-package reconciler_test
+package records_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/reconciler"
+	"github.com/student-bridge/student-bridge/reconciler/records"
 	"github.com/student-bridge/student-bridge/sink"
 	"github.com/student-bridge/student-bridge/sink/sinktest"
 )
@@ -36,7 +36,7 @@ func (s *gatedStore) Delete(ctx context.Context, key string, revision uint64) er
 func TestRemoveHoldsUpNoOtherStudent(t *testing.T) {
 	ctx := context.Background()
 	store := &gatedStore{Store: &sinktest.Store{}, deleting: make(chan struct{}), release: make(chan struct{})}
-	recs := reconciler.NewRecords()
+	recs := records.New()
 	if err := recs.Load(ctx, store); err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestReloadWhereTakesWhatOthersWrote(t *testing.T) {
 	rec := func(name, typ string) studentv1.StudentRecord {
 		return studentv1.StudentRecord{Namespace: "ns", Name: name, UID: types.UID(name), Published: studentv1.PublishedEvent{Type: typ, ID: name + "-" + typ}}
 	}
-	other := reconciler.NewRecords() // the replica that held the Students
+	other := records.New() // the replica that held the Students
 	if err := other.Load(ctx, store); err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestReloadWhereTakesWhatOthersWrote(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	recs := reconciler.NewRecords() // the replica that gains them
+	recs := records.New() // the replica that gains them
 	if err := recs.Load(ctx, store); err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestReloadWhereTakesWhatOthersWrote(t *testing.T) {
 func TestShareHoldsStringsOnce(t *testing.T) {
 	ctx := context.Background()
 	store := &sinktest.Store{}
-	writer := reconciler.NewRecords()
+	writer := records.New()
 	if err := writer.Load(ctx, store); err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +173,7 @@ func TestShareHoldsStringsOnce(t *testing.T) {
 		Published: studentv1.PublishedEvent{Type: studentv1.EventTypeCreated, ID: "0123abcd", Spec: studentv1.StudentSpec{Name: "wang", School: "china"}}}); err != nil {
 		t.Fatal(err)
 	}
-	recs := reconciler.NewRecords() // as a start reads them
+	recs := records.New() // as a start reads them
 	if err := recs.Load(ctx, store); err != nil {
 		t.Fatal(err)
 	}
