@@ -116,7 +116,6 @@ func TestBadValuesNameTheKey(t *testing.T) {
 		want string
 	}{
 		{"unknown key", "natz:\n  url: x\n", nil, nil, "natz.url"},
-		{"unknown variable", "", map[string]string{"STUDENT_BRIDGE_NATS_URL": "nats://x:4222"}, nil, "STUDENT_BRIDGE_NATS_URL"},
 		{"a key that is gone", "tracing:\n  endpoint: x:4317\n", nil, nil, "tracing.endpoint"},
 		{"bad duration", "retry:\n  maxDelay: soon\n", nil, nil, "retry.maxDelay"},
 		{"bad number", "workers: many\n", nil, nil, "workers"},

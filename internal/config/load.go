@@ -6,7 +6,6 @@ package config
 import (
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -143,9 +142,6 @@ func (l *Loader) Load(file string) (*Config, error) {
 			return nil, fmt.Errorf("config file %s: %w", file, err)
 		}
 	}
-	if err := checkKnownEnv(os.Environ()); err != nil {
-		return nil, err
-	}
 	var c Config
 	err := l.v.Unmarshal(&c, func(dc *mapstructure.DecoderConfig) {
 		dc.TagName = "key"
@@ -180,26 +176,6 @@ func checkKnownKeys(keys []string) error {
 	}
 	if len(unknown) > 0 {
 		return fmt.Errorf("unknown key(s) %s", strings.Join(unknown, ", "))
-	}
-	return nil
-}
-
-// checkKnownEnv refuses a STUDENT_BRIDGE_* variable that names no key (a
-// typo, or a key that is gone), which would otherwise change nothing.
-func checkKnownEnv(environ []string) error {
-	known := map[string]bool{}
-	for _, s := range allSettings() {
-		known[EnvName(s.Key)] = true
-	}
-	var unknown []string
-	for _, kv := range environ {
-		name, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(name, EnvPrefix+"_") && !known[name] {
-			unknown = append(unknown, name)
-		}
-	}
-	if len(unknown) > 0 {
-		return fmt.Errorf("environment variable(s) %s name no config key (see configs/student-bridge.yaml)", strings.Join(unknown, ", "))
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -74,6 +75,11 @@ func runJob(t *testing.T, cronJob, name string) (bool, string) {
 // the finalizer. It leaves the namespace empty for the overlay's tests.
 func TestHelmUpgradeUnderLoad(t *testing.T) {
 	needNode(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			removeFailedRelease(t)
+		}
+	})
 	if installed != nil {
 		// A second round (-count=2): the overlay's tests ran in the same
 		// namespace.
@@ -149,6 +155,32 @@ func TestHelmUpgradeUnderLoad(t *testing.T) {
 		t.Errorf("after helm uninstall %d of %d Students keep the finalizer", held, len(students.Items))
 	}
 	t.Logf("helm uninstall: the release-finalizers Job released %d Students", len(students.Items))
+	removeNamespaceAndNATS(t)
+}
+
+// removeFailedRelease leaves the node as a passing TestHelmUpgradeUnderLoad
+// does, for the overlay's tests after it: the release uninstalled if it
+// can be, any Student still held released, the namespaces gone.
+func removeFailedRelease(t *testing.T) {
+	t.Helper()
+	if out, err := exec.Command(filepath.Join(nd.bin, "helm"), "--kubeconfig", nd.kubeconfig, "uninstall", "student-bridge",
+		"-n", systemNS, "--wait", "--timeout=3m").CombinedOutput(); err != nil {
+		t.Logf("cleaning up: helm uninstall: %v\n%s", err, out)
+	}
+	ctx := context.Background()
+	var students studentv1.StudentList
+	if err := nd.c.List(ctx, &students); err != nil {
+		t.Fatal(err)
+	}
+	for i := range students.Items {
+		st := &students.Items[i]
+		if held := slices.Index(st.Finalizers, studentv1.Finalizer); held >= 0 {
+			st.Finalizers = slices.Delete(st.Finalizers, held, held+1)
+			if err := nd.c.Update(ctx, st); client.IgnoreNotFound(err) != nil {
+				t.Errorf("cleaning up: release %s/%s: %v", st.Namespace, st.Name, err)
+			}
+		}
+	}
 	removeNamespaceAndNATS(t)
 }
 
