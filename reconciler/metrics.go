@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stages"
 	"github.com/student-bridge/student-bridge/reconciler/records"
 	"github.com/student-bridge/student-bridge/sink"
 )
@@ -39,30 +40,7 @@ var (
 		Help:    "Time from the start of a publish to the broker's acknowledgement (or failure), by CloudEvent type.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 	}, []string{"type"})
-
-	stageLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name: "student_bridge_stage_duration_seconds",
-		Help: "Time a change spent in each stage of its way through the bridge: queue (watch event to reconcile start), " +
-			"write_ahead (the pending record of a first event), publish (to JetStream's ack), record (the record's write after the ack), " +
-			"finalizer (adding or removing it), status (asked for to written) and kubernetes_event (queued to written).",
-		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 18),
-	}, []string{"stage"})
 )
-
-// Stages of a change's way through the bridge: the "stage" label of
-// student_bridge_stage_duration_seconds.
-const (
-	StageQueue           = "queue"
-	StageWriteAhead      = "write_ahead"
-	StagePublish         = "publish"
-	StageRecord          = "record"
-	StageFinalizer       = "finalizer"
-	StageStatus          = "status"
-	StageKubernetesEvent = "kubernetes_event"
-)
-
-// Stages lists every stage, in the order a change goes through them.
-var Stages = []string{StageQueue, StageWriteAhead, StagePublish, StageRecord, StageFinalizer, StageStatus, StageKubernetesEvent}
 
 var registerOnce sync.Once
 
@@ -73,8 +51,9 @@ var registerOnce sync.Once
 // appears only with its first error would miss that error.
 func RegisterMetrics() {
 	records.RegisterMetrics()
+	stages.RegisterMetrics()
 	registerOnce.Do(func() {
-		metrics.Registry.MustRegister(eventsPublished, publishErrors, publishLatency, stageLatency,
+		metrics.Registry.MustRegister(eventsPublished, publishErrors, publishLatency,
 			statusWrites, statusBacklog, receiptUpdates, serviceStudents,
 			catchUpPending, catchUpDuration, publishingSince)
 		for _, typ := range []string{studentv1.EventTypeCreated, studentv1.EventTypeUpdated, studentv1.EventTypeDeleted, studentv1.EventTypeSnapshot} {
@@ -84,9 +63,6 @@ func RegisterMetrics() {
 		}
 		for _, r := range errorReasons {
 			publishErrors.WithLabelValues(r.reason)
-		}
-		for _, s := range Stages {
-			stageLatency.WithLabelValues(s)
 		}
 		statusWrites.WithLabelValues(resultSuccess)
 		statusWrites.WithLabelValues(resultError)
@@ -120,14 +96,9 @@ func ErrorReason(err error) string {
 	return "other"
 }
 
-// ObserveStage records that something spent d in stage.
-func ObserveStage(stage string, d time.Duration) {
-	stageLatency.WithLabelValues(stage).Observe(d.Seconds())
-}
-
 // since observes the time since start in stage.
 func since(stage string, start time.Time) {
-	ObserveStage(stage, time.Since(start))
+	stages.Observe(stage, time.Since(start))
 }
 
 // send publishes ev on s and records its latency and result in the metrics;
@@ -137,7 +108,7 @@ func send(ctx context.Context, s sink.Sink, ev cloudevents.Event) (sink.Receipt,
 	receipt, err := s.Publish(ctx, ev)
 	took := time.Since(start)
 	publishLatency.WithLabelValues(ev.Type()).Observe(took.Seconds())
-	ObserveStage(StagePublish, took)
+	stages.Observe(stages.Publish, took)
 	result := resultSuccess
 	switch {
 	case err != nil:

@@ -28,6 +28,7 @@ import (
 
 	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stages"
 )
 
 var statusWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -166,7 +167,7 @@ func (w *StatusWriter) write(ctx context.Context, key types.NamespacedName, aske
 	}
 	statusWrites.WithLabelValues(resultSuccess).Inc()
 	if !asked.IsZero() {
-		since(StageStatus, asked)
+		since(stages.Status, asked)
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
+	"github.com/student-bridge/student-bridge/internal/stages"
 	"github.com/student-bridge/student-bridge/reconciler"
 )
 
@@ -30,7 +31,7 @@ func statusStage(t *testing.T) (uint64, float64) {
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			if label(m, "stage") == reconciler.StageStatus {
+			if label(m, "stage") == stages.Status {
 				return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
 			}
 		}

@@ -36,6 +36,7 @@ import (
 
 	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stages"
 	"github.com/student-bridge/student-bridge/reconciler/queue"
 	"github.com/student-bridge/student-bridge/reconciler/records"
 	"github.com/student-bridge/student-bridge/sink"
@@ -123,7 +124,7 @@ func (r *StudentReconciler) InFlight() int { return int(r.inFlight.Load()) }
 // Reconcile publishes the change the Student's current state needs, if any.
 func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (result ctrl.Result, err error) {
 	if t, ok := r.seen.LoadAndDelete(req.NamespacedName); ok {
-		since(StageQueue, t.(time.Time))
+		since(stages.Queue, t.(time.Time))
 	}
 	defer func() {
 		// Done with, for a catch-up: reconciled, or it cannot be until
@@ -356,7 +357,7 @@ func (r *StudentReconciler) patchFinalizers(ctx context.Context, stu *studentv1.
 	if reader == nil {
 		reader = r.Client
 	}
-	defer since(StageFinalizer, time.Now())
+	defer since(stages.Finalizer, time.Now())
 	return PatchFinalizers(ctx, r.Client, reader, stu, 5, change)
 }
 
@@ -435,7 +436,7 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 	if !known {
 		pending := rec
 		pending.Pending = true
-		if err := r.save(ctx, StageWriteAhead, pending); err != nil {
+		if err := r.save(ctx, stages.WriteAhead, pending); err != nil {
 			err = fmt.Errorf("record %s %s before it goes out: %w", typ, ev.ID(), err)
 			r.warn(ctx, stu, err, "%v", err)
 			return r.failed(key, terminalIfInvalid(err))
@@ -454,7 +455,7 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 
 	rec.Published.Sequence = int64(receipt.Sequence)
 	recordCtx, recordSpan := startStep(ctx, "record")
-	err = r.save(recordCtx, StageRecord, rec)
+	err = r.save(recordCtx, stages.Record, rec)
 	endSpan(recordSpan, err)
 	if err != nil {
 		// The event is out: memory keeps the record, and nothing new goes

@@ -36,6 +36,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/natsconn"
 	"github.com/student-bridge/student-bridge/internal/scheme"
 	"github.com/student-bridge/student-bridge/internal/shards"
+	"github.com/student-bridge/student-bridge/internal/stages"
 	"github.com/student-bridge/student-bridge/internal/tracing"
 	"github.com/student-bridge/student-bridge/internal/version"
 	"github.com/student-bridge/student-bridge/reconciler"
@@ -217,7 +218,7 @@ func addReconciler(mgr manager.Manager, cfg *config.Config, selector labels.Sele
 			QPS:        cfg.KubernetesEventsQPS,
 			Log:        log.WithName("events"),
 			Busy:       busy,
-			Waited:     func(d time.Duration) { reconciler.ObserveStage(reconciler.StageKubernetesEvent, d) },
+			Waited:     func(d time.Duration) { stages.Observe(stages.KubernetesEvent, d) },
 		})
 		if err != nil {
 			return nil, err

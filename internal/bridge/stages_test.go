@@ -8,7 +8,6 @@ import (
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/stages"
-	"github.com/student-bridge/student-bridge/reconciler"
 )
 
 // TestStageLatencies: one Student created, edited and deleted through a
@@ -48,8 +47,8 @@ func TestStageLatencies(t *testing.T) {
 	// and their records; the finalizer added and removed; one status
 	// write; a Kubernetes Event per publish.
 	want := map[string]uint64{
-		reconciler.StageQueue: 3, reconciler.StageWriteAhead: 1, reconciler.StagePublish: 3, reconciler.StageRecord: 3,
-		reconciler.StageFinalizer: 2, reconciler.StageStatus: 1, reconciler.StageKubernetesEvent: 3,
+		stages.Queue: 3, stages.WriteAhead: 1, stages.Publish: 3, stages.Record: 3,
+		stages.Finalizer: 2, stages.Status: 1, stages.KubernetesEvent: 3,
 	}
 	stacktest.WaitFor(t, "every stage observed", func() error {
 		after, err := stages.Snapshot()
@@ -57,7 +56,7 @@ func TestStageLatencies(t *testing.T) {
 			return err
 		}
 		got := stages.Since(before, after)
-		for _, stage := range reconciler.Stages {
+		for _, stage := range stages.All {
 			if got[stage].Count < want[stage] {
 				return fmt.Errorf("stage %s observed %d times, want at least %d", stage, got[stage].Count, want[stage])
 			}

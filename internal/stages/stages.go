@@ -1,4 +1,5 @@
-// Package stages reads student_bridge_stage_duration_seconds from the
+// Package stages is student_bridge_stage_duration_seconds: the stages of a
+// change, observed by the bridge (Observe, observe.go), and read from the
 // metrics registry of the process, for the benchmark and the tests: a
 // snapshot per stage, the difference of two snapshots, and quantiles
 // estimated from the buckets as Prometheus' histogram_quantile does.

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/student-bridge/student-bridge/reconciler"
+	"github.com/student-bridge/student-bridge/internal/stages"
 )
 
 // TestSmoke runs the whole harness briefly, so that `make bench` cannot rot:
@@ -55,7 +55,7 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	// The bridge as deployed goes through every stage, each measured.
-	if !regexp.MustCompile(`(?m)^\| student-bridge \| 20 \|( [\d.]+ / [\d.]+ \|){` + strconv.Itoa(len(reconciler.Stages)) + `}$`).MatchString(table) {
+	if !regexp.MustCompile(`(?m)^\| student-bridge \| 20 \|( [\d.]+ / [\d.]+ \|){` + strconv.Itoa(len(stages.All)) + `}$`).MatchString(table) {
 		t.Errorf("no stage latencies of every stage for student-bridge:\n%s", table)
 	}
 	if !strings.Contains(table, "student-bridge (two services) at 20/s: a service's receipt shows on the Student after p50") {

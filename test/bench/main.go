@@ -45,7 +45,6 @@ import (
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/stages"
-	"github.com/student-bridge/student-bridge/reconciler"
 )
 
 // selected reports whether a variant named name runs with -only only:
@@ -356,13 +355,13 @@ func stageTable(o options, results map[cellKey][]result) string {
 	var b strings.Builder
 	b.WriteString("\nWhere the time goes (student_bridge_stage_duration_seconds, p50 / p99 ms, all repetitions of a cell; replicas together):\n\n")
 	b.WriteString("| variant | rate/s |")
-	for _, s := range reconciler.Stages {
+	for _, s := range stages.All {
 		fmt.Fprintf(&b, " %s |", s)
 	}
-	b.WriteString("\n| --- | --- |" + strings.Repeat(" --- |", len(reconciler.Stages)) + "\n")
+	b.WriteString("\n| --- | --- |" + strings.Repeat(" --- |", len(stages.All)) + "\n")
 	eachCell(o.rates, results, func(v variant) bool { return v.bridge }, func(v variant, rate int, rs []result) {
 		fmt.Fprintf(&b, "| %s | %d |", v.name, rate)
-		for _, s := range reconciler.Stages {
+		for _, s := range stages.All {
 			var h stages.Histogram
 			for _, r := range rs {
 				h = stages.Add(h, r.stages[s])
