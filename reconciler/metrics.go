@@ -13,6 +13,7 @@ import (
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stages"
 	"github.com/student-bridge/student-bridge/reconciler/records"
+	"github.com/student-bridge/student-bridge/reconciler/statusview"
 	"github.com/student-bridge/student-bridge/sink"
 )
 
@@ -52,9 +53,10 @@ var registerOnce sync.Once
 func RegisterMetrics() {
 	records.RegisterMetrics()
 	stages.RegisterMetrics()
+	statusview.RegisterMetrics()
 	registerOnce.Do(func() {
 		metrics.Registry.MustRegister(eventsPublished, publishErrors, publishLatency,
-			statusWrites, statusBacklog, receiptUpdates, serviceStudents,
+			serviceStudents,
 			catchUpPending, catchUpDuration, publishingSince)
 		for _, typ := range []string{studentv1.EventTypeCreated, studentv1.EventTypeUpdated, studentv1.EventTypeDeleted, studentv1.EventTypeSnapshot} {
 			for _, result := range []string{resultSuccess, resultDuplicate, resultError} {
@@ -63,11 +65,6 @@ func RegisterMetrics() {
 		}
 		for _, r := range errorReasons {
 			publishErrors.WithLabelValues(r.reason)
-		}
-		statusWrites.WithLabelValues(resultSuccess)
-		statusWrites.WithLabelValues(resultError)
-		for _, result := range []string{"applied", "failed", "removed", "malformed", "unknownStudent"} {
-			receiptUpdates.WithLabelValues(result)
 		}
 	})
 }

@@ -75,7 +75,7 @@ func (c *servicesCollector) Collect(ch chan<- prometheus.Metric) {
 // for (its shards') that are published and not deleted.
 func (r *StudentReconciler) serviceCounts() map[string]map[string]int {
 	out := map[string]map[string]int{}
-	if r.Receipts == nil || r.Receipts.none() {
+	if r.Receipts == nil || r.Receipts.None() {
 		return out // and no copy of every record at each scrape
 	}
 	for _, rec := range r.Records.All() {

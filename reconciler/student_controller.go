@@ -39,6 +39,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/stages"
 	"github.com/student-bridge/student-bridge/reconciler/queue"
 	"github.com/student-bridge/student-bridge/reconciler/records"
+	"github.com/student-bridge/student-bridge/reconciler/statusview"
 	"github.com/student-bridge/student-bridge/sink"
 )
 
@@ -69,9 +70,9 @@ type StudentReconciler struct {
 	// Recorder records Kubernetes Events on Students.
 	Recorder events.EventRecorder
 	// Status writes the status view; nil writes none.
-	Status *StatusWriter
+	Status *statusview.Writer
 	// Receipts is what services reported; nil when receipts are off.
-	Receipts *Receipts
+	Receipts *statusview.Receipts
 	// Shards, when not nil, says which Students this replica publishes
 	// for (active-active replicas); nil publishes for every Student.
 	Shards ShardOwner
@@ -476,7 +477,7 @@ func (r *StudentReconciler) warn(ctx context.Context, stu *studentv1.Student, er
 		log.FromContext(ctx).Info("NATS cannot store now; retrying", "reason", err.Error())
 		return
 	}
-	r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, failureReason(err), "Publish", format, args...)
+	r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, statusview.FailureReason(err), "Publish", format, args...)
 }
 
 // save writes rec to the record store, timed as stage.
@@ -495,20 +496,10 @@ func (r *StudentReconciler) failed(key types.NamespacedName, err error) error {
 // terminalIfInvalid marks an error that retrying cannot fix as terminal: the
 // same event will never fit, so the bridge waits for the Student to change.
 func terminalIfInvalid(err error) error {
-	if failureReason(err) == studentv1.ReasonInvalid {
+	if statusview.FailureReason(err) == studentv1.ReasonInvalid {
 		return reconcile.TerminalError(err)
 	}
 	return err
-}
-
-// failureReason is the reason a publish failure shows in the Published
-// condition and the Warning Event: InvalidEvent for an event that will never
-// fit, PublishFailed for anything a retry may fix.
-func failureReason(err error) string {
-	if errors.Is(err, sink.ErrTooLarge) {
-		return studentv1.ReasonInvalid
-	}
-	return studentv1.ReasonPublishFailed
 }
 
 // removeRecord removes the record of a Student that is gone, and the

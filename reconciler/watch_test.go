@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/go-logr/logr"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
@@ -13,6 +14,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/reconciler/records"
+	"github.com/student-bridge/student-bridge/reconciler/statusview"
 	"github.com/student-bridge/student-bridge/sink/sinktest"
 )
 
@@ -37,7 +39,7 @@ func watched(ns string, generation int64, labels map[string]string, finalizers .
 // mine/wang at generation 1, with a status writer that writes nothing.
 func loadedReconciler(t *testing.T) *StudentReconciler {
 	t.Helper()
-	r := &StudentReconciler{Records: records.New(), Shards: owner{}, HoldWithFinalizer: true, Status: &StatusWriter{queue: newBacklog()}}
+	r := &StudentReconciler{Records: records.New(), Shards: owner{}, HoldWithFinalizer: true, Status: statusview.NewWriter(nil, nil, 1, nil, logr.Discard())}
 	if err := r.Records.Load(context.Background(), &sinktest.Store{}); err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +62,8 @@ func (r *StudentReconciler) state() string {
 	}
 	s := fmt.Sprintf("gone %d, seen %d, catch-up %d, records %d", count(&r.gone), count(&r.seen), r.catchUps.Pending(), r.Records.Len())
 	if r.Status != nil {
-		s += fmt.Sprintf(", status asked %d+%d", len(r.Status.queue.asked), len(r.Status.queue.unchanged))
+		asked, unchanged := r.Status.Waiting()
+		s += fmt.Sprintf(", status asked %d+%d", asked, unchanged)
 	}
 	return s
 }
@@ -113,8 +116,8 @@ func TestWatchHandler(t *testing.T) {
 	key := types.NamespacedName{Namespace: "mine", Name: "wang"}
 
 	h.Create(ctx, event.CreateEvent{Object: watched("mine", 1, nil, studentv1.Finalizer), IsInInitialList: true}, q)
-	if q.Len() != 0 || r.catchUps.Pending() != 0 || len(r.Status.queue.unchanged) != 1 {
-		t.Fatalf("an unchanged Student of the initial list: queued %d, catch-up %d, status asked %d; want 0, 0, 1", q.Len(), r.catchUps.Pending(), len(r.Status.queue.unchanged))
+	if _, unchanged := r.Status.Waiting(); q.Len() != 0 || r.catchUps.Pending() != 0 || unchanged != 1 {
+		t.Fatalf("an unchanged Student of the initial list: queued %d, catch-up %d, status asked %d; want 0, 0, 1", q.Len(), r.catchUps.Pending(), unchanged)
 	}
 	if _, ok := r.seen.Load(key); ok {
 		t.Fatal("an unchanged Student of the initial list was stamped as waiting")

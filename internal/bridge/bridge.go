@@ -41,6 +41,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/version"
 	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/reconciler/records"
+	"github.com/student-bridge/student-bridge/reconciler/statusview"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
@@ -119,7 +120,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 		}
 	}
 	if cfg.Receipts.Bucket != "" {
-		r.Receipts = reconciler.NewReceipts(cfg.Services.Expected, nil)
+		r.Receipts = statusview.NewReceipts(cfg.Services.Expected, nil)
 		defer r.CountServices()()
 		if err := mgr.Add(&receiptWatch{nc: nc, cfg: cfg, mgr: mgr, r: r, log: log.WithName("receipts")}); err != nil {
 			return err
@@ -229,7 +230,7 @@ func addReconciler(mgr manager.Manager, cfg *config.Config, selector labels.Sele
 		r.Recorder = rec
 	}
 	if cfg.Status.Enabled {
-		r.Status = reconciler.NewStatusWriter(mgr.GetClient(), r.View, cfg.Status.QPS, busy, log.WithName("status"))
+		r.Status = statusview.NewWriter(mgr.GetClient(), r.View, cfg.Status.QPS, busy, log.WithName("status"))
 		if err := mgr.Add(r.Status); err != nil {
 			return nil, err
 		}
@@ -338,12 +339,12 @@ func newManager(cfg *config.Config, restCfg *rest.Config, selector labels.Select
 }
 
 // trimStudent keeps in the cache only what the bridge reads of a Student
-// (reconciler.TrimForCache), with the strings it shares with its record
+// (statusview.TrimForCache), with the strings it shares with its record
 // held once (Records.Share).
 func trimStudent(recs *records.Set) toolscache.TransformFunc {
 	return func(obj any) (any, error) {
 		if s, ok := obj.(*studentv1.Student); ok {
-			reconciler.TrimForCache(s)
+			statusview.TrimForCache(s)
 			recs.Share(s)
 		}
 		return obj, nil

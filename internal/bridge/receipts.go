@@ -14,6 +14,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/fleet"
 	"github.com/student-bridge/student-bridge/reconciler"
+	"github.com/student-bridge/student-bridge/reconciler/statusview"
 	"github.com/student-bridge/student-bridge/sink"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
@@ -67,7 +68,7 @@ func (w *receiptWatch) Start(ctx context.Context) error {
 func (w *receiptWatch) apply(ctx context.Context, rec sink.Record, deleted bool) {
 	if deleted {
 		if old, ok := w.r.Receipts.Remove(rec.Key); ok {
-			reconciler.CountReceipt("removed")
+			statusview.CountReceipt("removed")
 			w.r.Status.Enqueue(types.NamespacedName{Namespace: old.Namespace, Name: old.Name})
 		}
 		return
@@ -75,23 +76,23 @@ func (w *receiptWatch) apply(ctx context.Context, rec sink.Record, deleted bool)
 	receipt, err := studentv1.ParseReceipt(rec.Key, rec.Value)
 	if err == nil && receipt.Cluster != "" && receipt.Cluster != w.cfg.Cluster {
 		// Another cluster's Student: not ours to show, nor a fault.
-		reconciler.CountReceipt("otherCluster")
+		statusview.CountReceipt("otherCluster")
 		return
 	}
 	if err != nil {
-		reconciler.CountReceipt("malformed")
+		statusview.CountReceipt("malformed")
 		w.log.Info("skipping a malformed receipt", "key", rec.Key, "reason", err.Error())
 		return
 	}
 	key := types.NamespacedName{Namespace: receipt.Namespace, Name: receipt.Name}
 	var stu studentv1.Student
 	if err := w.mgr.GetClient().Get(ctx, key, &stu); err != nil || string(stu.UID) != receipt.UID {
-		reconciler.CountReceipt("unknownStudent")
+		statusview.CountReceipt("unknownStudent")
 		w.log.Info("skipping a receipt of a Student the bridge does not watch", "key", rec.Key, "student", key.String())
 		return
 	}
 	prev := w.r.Receipts.Set(receipt)
-	reconciler.CountReceipt(receipt.Result)
+	statusview.CountReceipt(receipt.Result)
 	if receipt.Result == studentv1.ResultFailed && (prev == nil || prev.Result != receipt.Result || prev.EventID != receipt.EventID || prev.Message != receipt.Message) {
 		w.r.Recorder.Eventf(&stu, nil, corev1.EventTypeWarning, studentv1.ReasonServiceFailed, "Apply",
 			"service %s failed to apply event %s (generation %d): %s", receipt.Service, receipt.EventID, receipt.Generation, receipt.Message)

@@ -1,4 +1,4 @@
-package reconciler
+package statusview
 
 import (
 	"context"
@@ -48,9 +48,9 @@ func NewReceipts(expected []string, store sink.Store) *Receipts {
 	return &Receipts{Expected: expected, store: store, byUID: map[string]map[string]studentv1.Receipt{}}
 }
 
-// none reports that no service is expected and none reported: no Student
+// None reports that no service is expected and none reported: no Student
 // shows a service.
-func (r *Receipts) none() bool {
+func (r *Receipts) None() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.Expected) == 0 && len(r.byUID) == 0

@@ -1,8 +1,9 @@
-package reconciler_test
+package statusview_test
 
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -13,10 +14,19 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/stages"
-	"github.com/student-bridge/student-bridge/reconciler"
+	"github.com/student-bridge/student-bridge/reconciler/statusview"
 )
+
+var st *stack.Stack
+
+func TestMain(m *testing.M) {
+	stages.RegisterMetrics()
+	statusview.RegisterMetrics()
+	os.Exit(stacktest.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
+}
 
 // statusStage returns how many status writes the status stage observed,
 // and their total seconds.
@@ -54,19 +64,23 @@ func label(m *dto.Metric, name string) string {
 // starts a while after the ask (as one waits behind a backlog) counts
 // that while.
 func TestStatusStageFromAsked(t *testing.T) {
-	f := newFixture(t, false)
-	f.create("waits", nil)
+	ctx := context.Background()
+	ns := stacktest.Namespace(t, st.Client, "writer")
+	if err := st.Client.Create(ctx, &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "waits"},
+		Spec: studentv1.StudentSpec{Name: "waits", School: "china"}}); err != nil {
+		t.Fatal(err)
+	}
 	view := func(s *studentv1.Student) studentv1.StudentStatus {
 		return studentv1.StudentStatus{Conditions: []metav1.Condition{{Type: studentv1.ConditionPublished, Status: metav1.ConditionFalse,
 			Reason: "Pending", Message: "asked for by the test", LastTransitionTime: metav1.Now(), ObservedGeneration: s.Generation}}}
 	}
-	w := reconciler.NewStatusWriter(st.Client, view, 100, nil, logr.Discard())
+	w := statusview.NewWriter(st.Client, view, 100, nil, logr.Discard())
 	count, sum := statusStage(t)
 
 	const behind = 500 * time.Millisecond
-	w.Enqueue(types.NamespacedName{Namespace: f.ns, Name: "waits"})
+	w.Enqueue(types.NamespacedName{Namespace: ns, Name: "waits"})
 	time.Sleep(behind)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- w.Start(ctx) }()
 	defer func() {
@@ -76,7 +90,11 @@ func TestStatusStageFromAsked(t *testing.T) {
 		}
 	}()
 	stacktest.WaitFor(t, "the status written", func() error {
-		if c := f.get("waits").Status.Conditions; len(c) != 1 || c[0].Message != "asked for by the test" {
+		var got studentv1.Student
+		if err := st.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "waits"}, &got); err != nil {
+			return err
+		}
+		if c := got.Status.Conditions; len(c) != 1 || c[0].Message != "asked for by the test" {
 			return fmt.Errorf("conditions %+v", c)
 		}
 		return nil
