@@ -367,7 +367,7 @@ func TestMirrorRetriesAndReports(t *testing.T) {
 		return nil
 	})
 	report := func() map[string]services.Row {
-		rows, err := services.Report(ctx, w.nc, services.Options{Stream: w.cfg.NATS.Stream.Name, RecordsBucket: w.cfg.State.Bucket,
+		rows, err := services.Report(ctx, w.nc, services.Options{Stream: w.cfg.NATS.Stream.Name, RecordsBucket: w.cfg.Records.Bucket,
 			ReceiptsBucket: w.cfg.Receipts.Bucket, Expected: []string{"roster", "billing"}})
 		if err != nil {
 			t.Fatal(err)

@@ -89,7 +89,7 @@ func newWorldWith(t *testing.T, prefix string, o worldOptions) *world {
 	cfg.NATS.SubjectPrefix = prefix
 	cfg.NATS.Stream.Name = "S_" + prefix
 	cfg.NATS.Stream.MaxMsgs = o.maxMsgs
-	cfg.State.Bucket = "R_" + prefix
+	cfg.Records.Bucket = "R_" + prefix
 	cfg.Receipts.Bucket = "RC_" + prefix
 	cfg.Snapshot.RequestSubject = "snapshot." + prefix
 	nc, err := nats.Connect(server.URL())
@@ -110,7 +110,7 @@ func newWorldWith(t *testing.T, prefix string, o worldOptions) *world {
 		Replicas: s.Replicas, MaxMsgs: s.MaxMsgs, Discard: s.Discard, Duplicates: s.Duplicates}, true); err != nil {
 		t.Fatal(err)
 	}
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: cfg.State.Bucket})
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: cfg.Records.Bucket})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func newWorldWith(t *testing.T, prefix string, o worldOptions) *world {
 	t.Cleanup(func() {
 		for _, del := range []func() error{
 			func() error { return js.DeleteStream(ctx, s.Name) },
-			func() error { return js.DeleteKeyValue(ctx, cfg.State.Bucket) },
+			func() error { return js.DeleteKeyValue(ctx, cfg.Records.Bucket) },
 			func() error { return js.DeleteKeyValue(ctx, cfg.Receipts.Bucket) },
 		} {
 			if err := del(); err != nil {

@@ -426,7 +426,7 @@ scrape_configs:
 		t.Fatal(err)
 	}
 	stacktest.WaitFor(t, "the Student's record written", func() error {
-		kv, err := js.KeyValue(ctx, cfg.State.Bucket)
+		kv, err := js.KeyValue(ctx, cfg.Records.Bucket)
 		if err != nil {
 			return err
 		}
@@ -442,7 +442,7 @@ scrape_configs:
 
 	// The record store is gone: the update goes out, its record cannot be
 	// written.
-	if err := js.DeleteKeyValue(ctx, cfg.State.Bucket); err != nil {
+	if err := js.DeleteKeyValue(ctx, cfg.Records.Bucket); err != nil {
 		t.Fatal(err)
 	}
 	bridgetest.Patch(t, st.Client, stu, func(s *studentv1.Student) { s.Spec.School = "tsinghua" })
@@ -459,7 +459,7 @@ scrape_configs:
 		return nil
 	})
 	stacktest.WaitFor(t, "the record store back", func() error {
-		_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: cfg.State.Bucket, History: 1})
+		_, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: cfg.Records.Bucket, History: 1})
 		return err
 	})
 	want("NATS and the bucket back", map[string]bool{"StudentBridgeRecordsUnsaved": false, "StudentBridgeNATSDisconnected": false})

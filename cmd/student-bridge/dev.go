@@ -91,7 +91,7 @@ All flags of the bridge itself apply; nats.urls and leader election are set by d
 		cfg.NATS.URLs = st.NATSURL()
 		cfg.LeaderElection.Enabled = false
 		if natsCluster > 1 {
-			cfg.NATS.Stream.Replicas, cfg.State.Replicas = min(natsCluster, 3), min(natsCluster, 3)
+			cfg.NATS.Stream.Replicas, cfg.Records.Replicas = min(natsCluster, 3), min(natsCluster, 3)
 		}
 
 		printBanner(cmd, kubeconfig, st.NATSURL(), time.Since(start))

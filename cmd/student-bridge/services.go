@@ -23,7 +23,7 @@ func newServicesCommand(setupLog logSetup, configFile *string) *cobra.Command {
 and the stream's durable consumers): its consumer's lag (events pending, the
 last stream sequence it acknowledged) and how many existing Students it has
 applied in their latest published version (IN-SYNC), not yet (BEHIND), or
-reported failing (FAILED). It reads the record store (state.bucket) and the
+reported failing (FAILED). It reads the record store (records.bucket) and the
 receipts bucket (receipts.bucket), so it needs a NATS user that may read both,
 such as the bridge's.
 
@@ -53,7 +53,7 @@ STUDENTS_FLEET unless receipts.bucket and nats.stream.name say otherwise).`,
 		defer nc.Close()
 		ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 		defer cancel()
-		o := services.Options{Stream: cfg.NATS.Stream.Name, RecordsBucket: cfg.State.Bucket,
+		o := services.Options{Stream: cfg.NATS.Stream.Name, RecordsBucket: cfg.Records.Bucket,
 			ReceiptsBucket: cfg.Receipts.Bucket, Expected: cfg.Services.Expected, Cluster: cluster}
 		if cluster != "" {
 			if err := checkClusterFlag(cluster); err != nil {

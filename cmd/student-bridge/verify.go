@@ -30,7 +30,7 @@ func newVerifyCommand(setupLog logSetup, configFile *string) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "verify",
 		Short: "Check that the stream tells the truth about every Student",
-		Long: `verify reads the bridge's record store (state.bucket), the Students of the watched
+		Long: `verify reads the bridge's record store (records.bucket), the Students of the watched
 scope (namespaces, labelSelector) from the API server and every event of the
 stream (nats.stream.name) of this cluster (cluster), and reports where they
 disagree:
@@ -54,7 +54,7 @@ Exit status: 0 when they agree, 1 when there is drift (the findings are
 printed), 2 when a source cannot be read.
 
 NATS permissions: $JS.API.STREAM.INFO on the stream and the record store's
-stream (KV_<state.bucket>), $JS.API.CONSUMER.CREATE and .DELETE on both
+stream (KV_<records.bucket>), $JS.API.CONSUMER.CREATE and .DELETE on both
 (ordered consumers), $JS.API.CONSUMER.MSG.NEXT, and subscribe on _INBOX.>:
 the bridge's user and deploy/nats's consumer user have them. Kubernetes: list
 on students.example.k8s.io.`,
@@ -91,7 +91,7 @@ on students.example.k8s.io.`,
 		defer cancel()
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
-		r, err := verify.Verify(ctx, verify.Source{NATS: nc, Stream: cfg.NATS.Stream.Name, Bucket: cfg.State.Bucket, Kube: kube,
+		r, err := verify.Verify(ctx, verify.Source{NATS: nc, Stream: cfg.NATS.Stream.Name, Bucket: cfg.Records.Bucket, Kube: kube,
 			Namespaces: cfg.Namespaces, Selector: selector, Cluster: cfg.Cluster, Progress: cmd.ErrOrStderr()}, o)
 		if err != nil {
 			return exitError(exitCannotRead, err)

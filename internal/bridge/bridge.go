@@ -51,7 +51,7 @@ import (
 func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	log := ctrl.Log.WithName("bridge")
 	log.Info("starting", "version", version.Version, "commit", version.Commit, "nats", config.Redacted(cfg.NATS.URLs), "mode", cfg.NATS.Mode, "encoding", cfg.NATS.Encoding,
-		"stream", cfg.NATS.Stream.Name, "bucket", cfg.State.Bucket, "cluster", cfg.Cluster, "namespaces", cfg.Namespaces,
+		"stream", cfg.NATS.Stream.Name, "bucket", cfg.Records.Bucket, "cluster", cfg.Cluster, "namespaces", cfg.Namespaces,
 		"leaderElection", cfg.LeaderElection.Enabled, "holdDeletesWithFinalizer", cfg.Deletes.HoldWithFinalizer)
 
 	registerMetrics()

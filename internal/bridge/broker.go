@@ -135,7 +135,7 @@ func (l *recordLoader) Start(ctx context.Context) error {
 	defer l.r.HoldCatchUp()()
 	// The records load while the cache syncs: a restart waits for the
 	// longer of the two, not for both in turn.
-	bucket := natssink.BucketConfig{Name: l.cfg.State.Bucket, Storage: l.cfg.State.Storage, Replicas: l.cfg.State.Replicas, Timeout: l.cfg.NATS.AckTimeout, Mover: l.mover}
+	bucket := natssink.BucketConfig{Name: l.cfg.Records.Bucket, Storage: l.cfg.Records.Storage, Replicas: l.cfg.Records.Replicas, Timeout: l.cfg.NATS.AckTimeout, Mover: l.mover}
 	var store *natssink.KV
 	err := retry(ctx, l.log, "record store load", func(ctx context.Context) error {
 		if !l.nc.IsConnected() {
@@ -145,7 +145,7 @@ func (l *recordLoader) Start(ctx context.Context) error {
 		// lost (a cluster busy electing or creating) is asked again soon.
 		setup, cancel := context.WithTimeout(ctx, setupTimeout)
 		var err error
-		store, err = natssink.EnsureBucket(setup, l.nc, bucket, l.cfg.State.Create)
+		store, err = natssink.EnsureBucket(setup, l.nc, bucket, l.cfg.Records.Create)
 		cancel()
 		if err != nil {
 			return err
@@ -166,7 +166,7 @@ func (l *recordLoader) Start(ctx context.Context) error {
 		return err
 	}
 	if err != nil {
-		return fmt.Errorf("config key state.bucket: %w", err)
+		return fmt.Errorf("config key records.bucket: %w", err)
 	}
 	if ctx.Err() != nil {
 		return nil

@@ -41,7 +41,7 @@ func runUntilError(t *testing.T, cfg *config.Config, timeout time.Duration) erro
 
 // TestExistingStreamAndBucketNeverChanged: a stream the operator made with
 // other limits keeps them; a bucket whose keys expire is refused at startup
-// with an error naming state.bucket.
+// with an error naming records.bucket.
 func TestExistingStreamAndBucketNeverChanged(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
@@ -72,11 +72,11 @@ func TestExistingStreamAndBucketNeverChanged(t *testing.T) {
 	}
 
 	ttl := testConfig(t, ns, "ttl")
-	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: ttl.State.Bucket, TTL: time.Hour}); err != nil {
+	if _, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: ttl.Records.Bucket, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	if err := runUntilError(t, ttl, 30*time.Second); err == nil || !strings.Contains(err.Error(), "state.bucket") {
-		t.Errorf("a bucket with a TTL: %v, want an error naming state.bucket", err)
+	if err := runUntilError(t, ttl, 30*time.Second); err == nil || !strings.Contains(err.Error(), "records.bucket") {
+		t.Errorf("a bucket with a TTL: %v, want an error naming records.bucket", err)
 	}
 }
 

@@ -178,7 +178,7 @@ func testClusterFault(t *testing.T, f clusterFault) {
 		}
 	}
 	lead(t, nc, cfg.NATS.Stream.Name, fault.leader)
-	lead(t, nc, "KV_"+cfg.State.Bucket, fault.leader)
+	lead(t, nc, "KV_"+cfg.Records.Bucket, fault.leader)
 	// The stream is read through the server that neither leads nor has
 	// the bridge: the one a partition leaves in the majority.
 	var witness *stack.NATS
@@ -264,7 +264,7 @@ func onCluster(t *testing.T, cfg *config.Config) (*stack.NATSCluster, *nats.Conn
 	}
 	t.Cleanup(cluster.Stop)
 	cfg.NATS.URLs = cluster.URL()
-	cfg.NATS.Stream.Replicas, cfg.State.Replicas = 3, 3
+	cfg.NATS.Stream.Replicas, cfg.Records.Replicas = 3, 3
 	nc, err := nats.Connect(cluster.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)

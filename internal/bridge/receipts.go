@@ -38,7 +38,7 @@ func (w *receiptWatch) Start(ctx context.Context) error {
 	if !w.mgr.GetCache().WaitForCacheSync(ctx) {
 		return nil
 	}
-	bucket := natssink.BucketConfig{Name: w.cfg.Receipts.Bucket, Storage: w.cfg.State.Storage, Replicas: w.cfg.State.Replicas,
+	bucket := natssink.BucketConfig{Name: w.cfg.Receipts.Bucket, Storage: w.cfg.Records.Storage, Replicas: w.cfg.Records.Replicas,
 		Timeout: w.cfg.NATS.AckTimeout, Description: "What business services applied, per service and Student uid"}
 	if f := w.cfg.Fleet; f.HubDomain != "" {
 		bucket.Source = fleet.ReceiptsSource(f.HubDomain, f.ReceiptsBucket, w.cfg.Cluster, bucket.Name)

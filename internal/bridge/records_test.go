@@ -37,7 +37,7 @@ func TestRecordStoreUnavailable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bucketStream := "KV_" + cfg.State.Bucket
+	bucketStream := "KV_" + cfg.Records.Bucket
 	limit := func(maxMsgs int64) {
 		t.Helper()
 		s, err := js.Stream(ctx, bucketStream)
@@ -74,7 +74,7 @@ func TestRecordStoreUnavailable(t *testing.T) {
 		t.Errorf("after the bucket is back: %v, want b created", types(got))
 	}
 	a := getStudent(t, ns, "a")
-	kv, err := js.KeyValue(ctx, cfg.State.Bucket)
+	kv, err := js.KeyValue(ctx, cfg.Records.Bucket)
 	if err != nil {
 		t.Fatal(err)
 	}

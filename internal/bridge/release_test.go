@@ -161,7 +161,7 @@ func TestShardCountIsRecorded(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		kv, err := js.KeyValue(context.Background(), cfg.State.Bucket)
+		kv, err := js.KeyValue(context.Background(), cfg.Records.Bucket)
 		if err != nil {
 			return err
 		}

@@ -23,7 +23,7 @@ import (
 
 // verifySource is what `student-bridge verify` reads for cfg.
 func verifySource(cfg *config.Config, nc *nats.Conn) verify.Source {
-	return verify.Source{NATS: nc, Stream: cfg.NATS.Stream.Name, Bucket: cfg.State.Bucket, Kube: st.Client, Namespaces: cfg.Namespaces, Cluster: cfg.Cluster}
+	return verify.Source{NATS: nc, Stream: cfg.NATS.Stream.Name, Bucket: cfg.Records.Bucket, Kube: st.Client, Namespaces: cfg.Namespaces, Cluster: cfg.Cluster}
 }
 
 // TestVerifyFindsEachKindOfDrift: verify finds nothing in what a bridge
@@ -100,7 +100,7 @@ func TestVerifyFindsEachKindOfDrift(t *testing.T) {
 	if err := st.Client.Delete(ctx, a); err != nil {
 		t.Fatal(err)
 	}
-	records, err := js.KeyValue(ctx, cfg.State.Bucket)
+	records, err := js.KeyValue(ctx, cfg.Records.Bucket)
 	if err != nil {
 		t.Fatal(err)
 	}

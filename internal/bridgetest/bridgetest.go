@@ -86,7 +86,7 @@ func Config(t testing.TB, st *stack.Stack, ns, prefix string) *config.Config {
 	cfg.NATS.URLs = st.NATS.URL()
 	cfg.NATS.SubjectPrefix = prefix
 	cfg.NATS.Stream.Name = "S_" + prefix
-	cfg.State.Bucket = "R_" + prefix
+	cfg.Records.Bucket = "R_" + prefix
 	cfg.Receipts.Bucket = "RC_" + prefix
 	cfg.NATS.ReconnectWait = 100 * time.Millisecond
 	cfg.NATS.AckTimeout = 2 * time.Second
@@ -94,7 +94,7 @@ func Config(t testing.TB, st *stack.Stack, ns, prefix string) *config.Config {
 	cfg.MetricsAddr, cfg.HealthAddr = "0", "0"
 	cfg.Retry.BaseDelay, cfg.Retry.MaxDelay = 50*time.Millisecond, 500*time.Millisecond
 	cfg.ShutdownTimeout = 10 * time.Second
-	t.Cleanup(func() { DeleteStreamAndBuckets(t, st, cfg.NATS.Stream.Name, cfg.State.Bucket, cfg.Receipts.Bucket) })
+	t.Cleanup(func() { DeleteStreamAndBuckets(t, st, cfg.NATS.Stream.Name, cfg.Records.Bucket, cfg.Receipts.Bucket) })
 	return cfg
 }
 

@@ -40,7 +40,7 @@ type Config struct {
 	LeaderElection      LeaderElection `key:"leaderElection"`
 	Retry               Retry          `key:"retry"`
 	NATS                NATS           `key:"nats"`
-	State               State          `key:"state"`
+	Records             Records        `key:"records"`
 	Deletes             Deletes        `key:"deletes"`
 	Status              Status         `key:"status"`
 	Snapshot            Snapshot       `key:"snapshot"`
@@ -51,13 +51,13 @@ type Config struct {
 	Tail                Tail           `key:"tail"`
 }
 
-// State configures the record store: the JetStream key-value bucket that
+// Records configures the record store: the JetStream key-value bucket that
 // remembers what was published per Student.
-type State struct {
-	Bucket   string `key:"bucket" flag:"state-bucket" default:"STUDENT_BRIDGE_PUBLISHED" help:"JetStream key-value bucket that records what was published per Student (one key per uid). Each bridge needs its own."`
-	Create   bool   `key:"create" flag:"state-create" default:"true" help:"Create the bucket if it is missing. An existing bucket is never changed."`
-	Storage  string `key:"storage" flag:"state-storage" default:"file" choices:"file|memory" help:"Storage of a created bucket: file or memory."`
-	Replicas int    `key:"replicas" flag:"state-replicas" default:"1" help:"Replicas of a created bucket (3 on a 3-node cluster)."`
+type Records struct {
+	Bucket   string `key:"bucket" flag:"records-bucket" default:"STUDENT_BRIDGE_PUBLISHED" help:"JetStream key-value bucket that records what was published per Student (one key per uid). Each bridge needs its own."`
+	Create   bool   `key:"create" flag:"records-create" default:"true" help:"Create the bucket if it is missing. An existing bucket is never changed."`
+	Storage  string `key:"storage" flag:"records-storage" default:"file" choices:"file|memory" help:"Storage of a created bucket: file or memory."`
+	Replicas int    `key:"replicas" flag:"records-replicas" default:"1" help:"Replicas of a created bucket (3 on a 3-node cluster)."`
 }
 
 // Deletes chooses how deletes are guaranteed.
@@ -86,7 +86,7 @@ type Fleet struct {
 // Receipts configures the bucket where services report what they applied.
 type Receipts struct {
 	Bucket string `key:"bucket" flag:"receipts-bucket" default:"STUDENT_BRIDGE_RECEIPTS" help:"JetStream key-value bucket where services report what they applied (key <service>.<uid>); shown on the Student's status. Empty disables receipts."`
-	Create bool   `key:"create" flag:"receipts-create" default:"true" help:"Create the receipts bucket if it is missing (like the record store: state.storage, state.replicas). An existing bucket is never changed."`
+	Create bool   `key:"create" flag:"receipts-create" default:"true" help:"Create the receipts bucket if it is missing (like the record store: records.storage, records.replicas). An existing bucket is never changed."`
 }
 
 // Services configures which business services must report before a

@@ -310,7 +310,7 @@ func TestDefaultsAreTheContracts(t *testing.T) {
 	for key, want := range map[string]string{
 		"nats.subjectPrefix":      studentv1.DefaultSubjectPrefix,
 		"nats.stream.name":        studentv1.DefaultStream,
-		"state.bucket":            studentv1.DefaultRecordsBucket,
+		"records.bucket":          studentv1.DefaultRecordsBucket,
 		"snapshot.requestSubject": studentv1.DefaultSnapshotSubject,
 		"receipts.bucket":         studentv1.ReceiptsBucket,
 		"fleet.receiptsBucket":    studentv1.FleetReceiptsBucket,

@@ -45,10 +45,10 @@ var (
 	HubCommand = Command{Keys: natsConnection, Validate: (*Config).validateConnection}
 	// ServicesCommand: the NATS connection, the record store and receipts buckets
 	// and the expected services.
-	ServicesCommand = Command{Keys: append(slices.Clone(natsConnection), "state.bucket", "receipts.bucket", "services.expected"), Validate: (*Config).validateConnection}
+	ServicesCommand = Command{Keys: append(slices.Clone(natsConnection), "records.bucket", "receipts.bucket", "services.expected"), Validate: (*Config).validateConnection}
 	// VerifyCommand: the NATS connection, where the Kubernetes API is, which
 	// Students the bridge watches, its cluster name and its record store.
-	VerifyCommand = Command{Keys: append(slices.Clone(natsConnection), "kubeconfig", "master", "cluster", "namespaces", "labelSelector", "state.bucket"), Validate: (*Config).validateVerify}
+	VerifyCommand = Command{Keys: append(slices.Clone(natsConnection), "kubeconfig", "master", "cluster", "namespaces", "labelSelector", "records.bucket"), Validate: (*Config).validateVerify}
 	// ReleaseCommand (release-finalizers): where the Kubernetes API is, which
 	// Students the bridge watched and its leader election or shard Leases.
 	ReleaseCommand = Command{Keys: []string{"kubeconfig", "master", "namespaces", "labelSelector", "shards.count", "leaderElection."}, Validate: (*Config).validateRelease}

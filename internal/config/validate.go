@@ -86,18 +86,18 @@ func (c *Config) Validate() error {
 		return notAChoice("nats.stream.discard", c.NATS.Stream.Discard)
 	case c.NATS.Stream.Duplicates <= 0:
 		return bad("nats.stream.duplicates", "%s must be positive: ids deduplicate republished events", c.NATS.Stream.Duplicates)
-	case c.State.Bucket == "" || !validBucketName(c.State.Bucket):
-		return bad("state.bucket", "%q must be non-empty and only letters, digits, '_' and '-'", c.State.Bucket)
-	case !isChoice("state.storage", c.State.Storage):
-		return notAChoice("state.storage", c.State.Storage)
-	case c.State.Replicas < 1 || c.State.Replicas > 5:
-		return bad("state.replicas", "%d: want 1 to 5", c.State.Replicas)
+	case c.Records.Bucket == "" || !validBucketName(c.Records.Bucket):
+		return bad("records.bucket", "%q must be non-empty and only letters, digits, '_' and '-'", c.Records.Bucket)
+	case !isChoice("records.storage", c.Records.Storage):
+		return notAChoice("records.storage", c.Records.Storage)
+	case c.Records.Replicas < 1 || c.Records.Replicas > 5:
+		return bad("records.replicas", "%d: want 1 to 5", c.Records.Replicas)
 	case c.Status.Enabled && c.Status.QPS <= 0:
 		return bad("status.qps", "%v must be positive (or set status.enabled to false)", c.Status.QPS)
 	case c.Receipts.Bucket != "" && !validBucketName(c.Receipts.Bucket):
 		return bad("receipts.bucket", "%q must be only letters, digits, '_' and '-'", c.Receipts.Bucket)
-	case c.Receipts.Bucket != "" && c.Receipts.Bucket == c.State.Bucket:
-		return bad("receipts.bucket", "%q is the record store's bucket (state.bucket)", c.Receipts.Bucket)
+	case c.Receipts.Bucket != "" && c.Receipts.Bucket == c.Records.Bucket:
+		return bad("receipts.bucket", "%q is the record store's bucket (records.bucket)", c.Receipts.Bucket)
 	case c.Shards.Count < 1 || c.Shards.Count > 1024:
 		return bad("shards.count", "%d: want 1 to 1024", c.Shards.Count)
 	case c.Shards.Count > 1 && c.Snapshot.OnStartup:

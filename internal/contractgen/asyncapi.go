@@ -112,7 +112,7 @@ func AsyncAPI(dir, version, release string) ([]byte, error) {
 	}
 	channels["records"] = Schema{
 		"address":     "$KV." + studentv1.DefaultRecordsBucket + ".{uid}",
-		"description": "The record store (state.bucket): the last event published per Student, under its uid. The bridge's own; services read it, never write it.",
+		"description": "The record store (records.bucket): the last event published per Student, under its uid. The bridge's own; services read it, never write it.",
 		"parameters":  Schema{"uid": ref("parameters", "uid")},
 		"messages":    Schema{"record": ref("messages", "record")},
 		"bindings":    nats,

@@ -27,7 +27,7 @@ type Source struct {
 	NATS *nats.Conn
 	// Stream is the bridge's stream (nats.stream.name).
 	Stream string
-	// Bucket is the record store (state.bucket); empty: not compared.
+	// Bucket is the record store (records.bucket); empty: not compared.
 	Bucket string
 	// Kube lists the Students.
 	Kube client.Reader

@@ -41,7 +41,7 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (st
 	}
 	const stream, prefix, id = "BENCHFO", "benchfo", "bench-failover"
 	args := []string{"--kubeconfig", bins.config, "--nats-url", e.st.NATS.URL(), "--namespaces", ns,
-		"--stream-name", stream, "--state-bucket", stream + "_RECORDS", "--receipts-bucket", stream + "_RECEIPTS",
+		"--stream-name", stream, "--records-bucket", stream + "_RECORDS", "--receipts-bucket", stream + "_RECEIPTS",
 		"--subject-prefix", prefix, "--snapshot-request-subject", "", "--kubernetes-events=false",
 		"--shards", "16", "--leader-election-id", id, "--leader-election-namespace", ns}
 	type replica struct {

@@ -68,7 +68,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 	metricsAddr, healthAddr, pprofAddr := freeAddr(), freeAddr(), freeAddr()
 	args := []string{"--kubeconfig", kubeconfig, "--nats-url", e.st.NATS.URL(), "--leader-elect=false",
 		"--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr, "--pprof-bind-address", pprofAddr,
-		"--namespaces", ns, "--stream-name", stream, "--state-bucket", stream + "_RECORDS", "--receipts-bucket", stream + "_RECEIPTS",
+		"--namespaces", ns, "--stream-name", stream, "--records-bucket", stream + "_RECORDS", "--receipts-bucket", stream + "_RECEIPTS",
 		"--subject-prefix", prefix, "--snapshot-request-subject", ""}
 	limited := false // the process runs with the deployments' memoryLimit
 	startProc := func() (*exec.Cmd, time.Time, error) {

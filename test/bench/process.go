@@ -97,9 +97,9 @@ func startProcesses(ctx context.Context, e *env, r *run, n int, extra ...string)
 		return nil, err
 	}
 	args := []string{"--kubeconfig", b.config, "--nats-url", e.url, "--cluster", "bench", "--namespaces", r.ns,
-		"--stream-name", r.stream, "--state-bucket", r.stream + "_RECORDS", "--receipts-bucket", r.stream + "_RECEIPTS",
+		"--stream-name", r.stream, "--records-bucket", r.stream + "_RECORDS", "--receipts-bucket", r.stream + "_RECEIPTS",
 		"--subject-prefix", r.prefix, "--snapshot-request-subject", "",
-		"--stream-replicas", strconv.Itoa(e.replicas), "--state-replicas", strconv.Itoa(e.replicas)}
+		"--stream-replicas", strconv.Itoa(e.replicas), "--records-replicas", strconv.Itoa(e.replicas)}
 	args = append(args, extra...)
 	if n > 1 {
 		// The shipped Lease timing: a replica's renewals and its reads of

@@ -386,10 +386,10 @@ func runBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinalize
 	cfg.Cluster = "bench"
 	cfg.Namespaces = []string{r.ns}
 	cfg.NATS.URLs = e.url
-	cfg.NATS.Stream.Replicas, cfg.State.Replicas = e.replicas, e.replicas
+	cfg.NATS.Stream.Replicas, cfg.Records.Replicas = e.replicas, e.replicas
 	cfg.NATS.SubjectPrefix = r.prefix
 	cfg.NATS.Stream.Name = r.stream
-	cfg.State.Bucket = r.stream + "_RECORDS"
+	cfg.Records.Bucket = r.stream + "_RECORDS"
 	cfg.Deletes.HoldWithFinalizer = holdWithFinalizer
 	cfg.LeaderElection.Enabled = false
 	cfg.MetricsAddr, cfg.HealthAddr = "0", "0"

@@ -100,7 +100,7 @@ func (w *world) kubeconfig(t *testing.T, u envtest.User) string {
 // bridgeArgs are the flags of a bridge process in this world.
 func (w *world) bridgeArgs(kubeconfig string, extra ...string) []string {
 	if w.st.Cluster != nil {
-		extra = append([]string{"--stream-replicas=3", "--state-replicas=3"}, extra...)
+		extra = append([]string{"--stream-replicas=3", "--records-replicas=3"}, extra...)
 	}
 	return append([]string{
 		"--kubeconfig", kubeconfig,
