@@ -23,6 +23,7 @@ import (
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
@@ -92,11 +93,7 @@ func newWorldWith(t *testing.T, prefix string, o worldOptions) *world {
 	cfg.Records.Bucket = "R_" + prefix
 	cfg.Receipts.Bucket = "RC_" + prefix
 	cfg.Snapshot.RequestSubject = "snapshot." + prefix
-	nc, err := nats.Connect(server.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := stacktest.Connect(t, server.URL())
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)

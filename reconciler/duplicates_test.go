@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/reconciler/records"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
@@ -33,11 +33,7 @@ func TestCrashBeforeTheRecordRepublishes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
 			f := newFixture(t, false)
-			nc, err := nats.Connect(st.NATS.URL())
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(nc.Close)
+			nc := stacktest.Connect(t, st.NATS.URL())
 			js, err := jetstream.New(nc)
 			if err != nil {
 				t.Fatal(err)

@@ -22,12 +22,16 @@ type Setting struct {
 	Help    string
 }
 
+// all is every key, in Config's field order: the bridge's, then tail's
+// (Tail is Config's last field). Read from the tags once.
+var all = table(reflect.TypeFor[Config](), "")
+
 // Settings lists the bridge's keys, in Config's field order.
-var Settings = without("tail.", table(reflect.TypeFor[Config](), ""))
+var Settings = slices.DeleteFunc(slices.Clone(all), isTail)
 
 // TailSettings lists the keys of `student-bridge tail` (under tail: in the
 // same file).
-var TailSettings = only("tail.", table(reflect.TypeFor[Config](), ""))
+var TailSettings = slices.DeleteFunc(slices.Clone(all), func(s Setting) bool { return !isTail(s) })
 
 // table reads the settings of struct type t, whose keys start with prefix.
 // A bad tag is a programming error: it panics when the package loads.
@@ -94,13 +98,7 @@ func parseDefault(t reflect.Type, tag string) (any, error) {
 	return nil, fmt.Errorf("no default for a field of type %s", t)
 }
 
-func without(prefix string, all []Setting) []Setting {
-	return slices.DeleteFunc(all, func(s Setting) bool { return strings.HasPrefix(s.Key, prefix) })
-}
-
-func only(prefix string, all []Setting) []Setting {
-	return slices.DeleteFunc(all, func(s Setting) bool { return !strings.HasPrefix(s.Key, prefix) })
-}
+func isTail(s Setting) bool { return strings.HasPrefix(s.Key, "tail.") }
 
 // Lookup returns the setting of key.
 func Lookup(key string) (Setting, bool) {
@@ -112,6 +110,5 @@ func Lookup(key string) (Setting, bool) {
 	return Setting{}, false
 }
 
-func allSettings() []Setting {
-	return append(append([]Setting(nil), Settings...), TailSettings...)
-}
+// allSettings is every key, the bridge's then tail's; callers only read it.
+func allSettings() []Setting { return all }
