@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/textproto"
 	"strings"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
@@ -116,21 +117,27 @@ func (w *msgWriter) SetAttribute(attr spec.Attribute, value any) error {
 	if value == nil {
 		return nil
 	}
-	s, err := types.Format(value)
-	if err != nil {
-		return err
-	}
-	w.Header.Set(headerPrefix+attr.Name(), s)
-	return nil
+	return w.setHeader(attr.Name(), value)
 }
 
 func (w *msgWriter) SetExtension(name string, value any) error {
 	if value == nil {
 		return nil
 	}
+	return w.setHeader(name, value)
+}
+
+// setHeader writes one attribute as its ce- header. nats.go trims a header
+// value's surrounding white space and turns CR and LF into spaces when it
+// writes the message, so a value it would change is refused here: binary mode
+// carries an event unchanged or not at all (structured mode carries any).
+func (w *msgWriter) setHeader(name string, value any) error {
 	s, err := types.Format(value)
 	if err != nil {
 		return err
+	}
+	if s != textproto.TrimString(s) || strings.ContainsAny(s, "\r\n") {
+		return fmt.Errorf("attribute %s (%q) cannot travel in a NATS header unchanged; use structured mode", name, s)
 	}
 	w.Header.Set(headerPrefix+name, s)
 	return nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
@@ -25,6 +26,8 @@ func FuzzDecodeMsg(f *testing.F) {
 	f.Add("", "1.0", "e1", "t", "/s", "", []byte(`{}`))
 	f.Add("application/cloudevents+json", "", "", "", "", "", []byte(`{"specversion":"0.3"`))
 	f.Add("text/plain", "1.0", "", "t", "%zz", "x", []byte("\x00\xff"))
+	// Structured mode keeps white space around an id; a NATS header cannot.
+	f.Add("application/cloudevents+json", "", "", "", "", "", []byte(`{"specversion":"1.0","id":"0 ","type":"t","source":"/s"}`))
 	f.Fuzz(func(t *testing.T, contentType, specversion, id, typ, source, sequence string, data []byte) {
 		h := nats.Header{}
 		for k, v := range map[string]string{"Content-Type": contentType, "ce-specversion": specversion, "ce-id": id, "ce-type": typ, "ce-source": source, "ce-sequence": sequence} {
@@ -63,8 +66,12 @@ func FuzzEventRoundTrip(f *testing.F) {
 	f.Add("wang", "china", "default", "object-name", "grade", "3", int64(1))
 	f.Add("王伟", "清华大学", "team-a", "a.b.c", "app.kubernetes.io/name", "x", int64(7))
 	f.Add("quote\"and\\slash", "new\nline", "ns", "n", "k", "", int64(0))
-	f.Add("\xff\xfe", "\x00", "", "", "", "", int64(-1))
+	f.Add("\xff\xfe", "\x00", "z", "0", "", "", int64(-1))
 	f.Fuzz(func(t *testing.T, name, school, ns, objName, labelKey, labelValue string, gen int64) {
+		// The API server admits no other namespace or name; the subject is made of them.
+		if len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(objName)) > 0 {
+			t.Skip("no Student can have this namespace or name")
+		}
 		s := &studentv1.Student{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: objName, UID: "uid", Generation: gen, Labels: map[string]string{labelKey: labelValue}},
 			Spec:       studentv1.StudentSpec{Name: name, School: school},
