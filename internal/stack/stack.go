@@ -534,13 +534,28 @@ func (c *NATSCluster) Server(name string) *NATS {
 }
 
 // WaitReady waits until JetStream answers through every running server
-// (the cluster has a meta leader and every server knows it).
+// (the cluster has a meta leader and every server knows it) and can place
+// a stream on each of them (the leader has their stats).
 func (c *NATSCluster) WaitReady(timeout time.Duration) error {
 	notCurrent := func() error {
+		running, peers := 0, -1
 		for _, s := range c.Servers {
-			if s.Server != nil && s.Server.Running() && (!s.Server.JetStreamIsClustered() || !s.Server.JetStreamIsCurrent()) {
+			if s.Server == nil || !s.Server.Running() {
+				continue
+			}
+			running++
+			if !s.Server.JetStreamIsClustered() || !s.Server.JetStreamIsCurrent() {
 				return fmt.Errorf("server %s: JetStream cluster not current yet", s.Server.Name())
 			}
+			if s.Server.JetStreamIsLeader() {
+				peers = len(s.Server.JetStreamClusterPeers())
+			}
+		}
+		// A stream is placed only on peers whose stats the meta leader
+		// has: until then creating one of as many replicas fails ("no
+		// suitable peers for placement").
+		if peers < running {
+			return fmt.Errorf("the meta leader knows %d of %d servers yet", max(peers, 0), running)
 		}
 		return nil
 	}
