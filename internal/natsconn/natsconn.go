@@ -41,8 +41,58 @@ var registerOnce sync.Once
 // runtime's registry, the one the bridge's manager serves; once per process.
 func RegisterMetrics() {
 	registerOnce.Do(func() {
-		metrics.Registry.MustRegister(natsConnected, natsReconnects, natsDisconnects)
+		metrics.Registry.MustRegister(natsConnected, natsReconnects, natsDisconnects, traffic)
 	})
+}
+
+// traffic counts the messages the connections Connect opened sent and
+// received (nats.Conn.Stats): what the bridge asks of NATS, in the units
+// the server's own per-connection accounting (connz) counts.
+var traffic = &trafficCollector{
+	open: map[*nats.Conn]struct{}{},
+	sent: prometheus.NewDesc("student_bridge_nats_messages_sent_total",
+		"Messages the bridge sent to NATS: events, records, requests (an atomic batch of an event and its record is two).", nil, nil),
+	received: prometheus.NewDesc("student_bridge_nats_messages_received_total",
+		"Messages the bridge received from NATS: acknowledgements, replies, watched records and receipts.", nil, nil),
+}
+
+type trafficCollector struct {
+	sent, received *prometheus.Desc
+
+	mu   sync.Mutex
+	open map[*nats.Conn]struct{}
+	// closedOut and closedIn are what closed connections counted.
+	closedOut, closedIn uint64
+}
+
+func (c *trafficCollector) add(nc *nats.Conn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.open[nc] = struct{}{}
+}
+
+func (c *trafficCollector) closed(nc *nats.Conn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.open[nc]; ok {
+		st := nc.Stats()
+		c.closedOut, c.closedIn = c.closedOut+st.OutMsgs, c.closedIn+st.InMsgs
+		delete(c.open, nc)
+	}
+}
+
+func (c *trafficCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.sent; ch <- c.received }
+
+func (c *trafficCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	out, in := c.closedOut, c.closedIn
+	for nc := range c.open {
+		st := nc.Stats()
+		out, in = out+st.OutMsgs, in+st.InMsgs
+	}
+	c.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(c.sent, prometheus.CounterValue, float64(out))
+	ch <- prometheus.MustNewConstMetric(c.received, prometheus.CounterValue, float64(in))
 }
 
 // Connect connects to NATS as configured. An unreachable server is not an
@@ -60,6 +110,7 @@ func Connect(c config.NATS, log logr.Logger) (*nats.Conn, error) {
 	// which retrying cannot fix, from an unreachable server, which it can.
 	nc, err := nats.Connect(c.URLs, opts...)
 	if err == nil {
+		traffic.add(nc)
 		return nc, nil
 	}
 	if fatal := fatalConnectError(err); fatal != nil {
@@ -70,6 +121,7 @@ func Connect(c config.NATS, log logr.Logger) (*nats.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS %s: %w", config.Redacted(c.URLs), err)
 	}
+	traffic.add(nc)
 	return nc, nil
 }
 
@@ -98,8 +150,9 @@ func stateOptions(c config.NATS, log logr.Logger) []nats.Option {
 			natsReconnects.Inc()
 			log.Info("reconnected to NATS", "server", nc.ConnectedUrlRedacted())
 		}),
-		nats.ClosedHandler(func(*nats.Conn) {
+		nats.ClosedHandler(func(nc *nats.Conn) {
 			natsConnected.Set(0)
+			traffic.closed(nc)
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			log.Error(err, "NATS error")
