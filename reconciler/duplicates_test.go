@@ -6,29 +6,39 @@ import (
 	"testing"
 	"time"
 
+	cloudevents "github.com/cloudevents/sdk-go/v2"
 	"github.com/nats-io/nats.go/jetstream"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/reconciler/records"
+	"github.com/student-bridge/student-bridge/sink"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // TestCrashBeforeTheRecordRepublishes: the one way a consumer gets an
-// event twice (docs/guarantees.md, "Duplicates are bounded"). A bridge
-// publishes an update, the stream acks it, and the bridge stops before
-// its record is written (here: the record store fails, and the records in
-// memory go with the process). The next bridge publishes the change again
-// with the same id: within the stream's duplicate window the stream drops
-// the copy; after it, the stream holds the event twice.
+// event twice (docs/guarantees.md, "When a consumer can see an event
+// twice"). A bridge publishes an update, the stream acks it, and the bridge
+// stops before its record is written (here: the record store fails, and
+// the records in memory go with the process). The next bridge publishes
+// the change again with the same id: within the stream's duplicate window
+// the stream drops the copy; after it, the stream holds the event twice.
+//
+// With the records in the events' stream (records.store: stream) the
+// event and its record are one write: a bridge that stops right after it
+// (here: the commit's answer is lost) leaves the record with the event,
+// and the next bridge publishes nothing again, within the window or after.
 func TestCrashBeforeTheRecordRepublishes(t *testing.T) {
 	for _, tc := range []struct {
 		name            string
+		oneWrite        bool
 		window, downFor time.Duration
 		want            int
 	}{
-		{"restarted within the duplicate window", time.Minute, 0, 1},
-		{"restarted after it", time.Second, 1500 * time.Millisecond, 2},
+		{"restarted within the duplicate window", false, time.Minute, 0, 1},
+		{"restarted after it", false, time.Second, 1500 * time.Millisecond, 2},
+		{"one write, restarted within the duplicate window", true, time.Minute, 0, 1},
+		{"one write, restarted after it", true, time.Second, 1500 * time.Millisecond, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -39,40 +49,87 @@ func TestCrashBeforeTheRecordRepublishes(t *testing.T) {
 				t.Fatal(err)
 			}
 			prefix := "dup" + f.ns[len("rec-"):]
-			stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S_" + prefix, Subjects: []string{prefix + ".>"}, Duplicates: tc.window})
-			if err != nil {
+			cfg := natssink.StreamConfig{Name: "S_" + prefix, Subject: prefix + ".>", Duplicates: tc.window}
+			if tc.oneWrite {
+				cfg.Records = natssink.RecordsSubject(prefix)
+			}
+			if _, err := natssink.EnsureStream(ctx, js, cfg, true); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _ = js.DeleteStream(ctx, "S_"+prefix) })
+			t.Cleanup(func() { _ = js.DeleteStream(ctx, cfg.Name) })
 			layout, err := natssink.NewSubjectLayout(prefix, "{prefix}.{op}")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if f.r.Sink, err = natssink.NewPublisher(nc, natssink.Config{Layout: layout, Stream: "S_" + prefix}); err != nil {
+			pub, err := natssink.NewPublisher(nc, natssink.Config{Layout: layout, Stream: cfg.Name})
+			if err != nil {
 				t.Fatal(err)
 			}
+			f.r.Sink = pub
+			inStream, err := natssink.NewStreamRecords(pub, cfg.Name, prefix, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			crashing := &stopsAfterCommit{StreamRecords: inStream}
+			restart := func() {
+				f.r.Records = records.New()
+				if !tc.oneWrite {
+					f.load()
+				} else if err := f.r.Records.Load(ctx, crashing); err != nil {
+					t.Fatal(err)
+				}
+			}
+			restart()
 
 			f.create("once", nil)
 			f.mustReconcile("once")
 			f.update("once", func(s *studentv1.Student) { s.Spec.School = "beijing" })
 			f.store.Fail(errors.New("the bridge stopped"))
+			crashing.stop = true
 			if err := f.reconcile("once"); err == nil {
-				t.Fatal("the update's record was written: no crash between the ack and the record")
+				t.Fatal("the update went out and the bridge did not stop")
 			}
 			// The next bridge: the records as the store holds them.
 			time.Sleep(tc.downFor)
 			f.store.Fail(nil)
-			f.r.Records = records.New()
-			f.load()
+			crashing.stop = false
+			restart()
 			f.mustReconcile("once")
 
-			info, err := stream.Info(ctx, jetstream.WithSubjectFilter(prefix+".updated"))
+			info, err := js.Stream(ctx, cfg.Name)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := int(info.State.Subjects[prefix+".updated"]); got != tc.want {
+			state, err := info.Info(ctx, jetstream.WithSubjectFilter(prefix+".updated"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := int(state.State.Subjects[prefix+".updated"]); got != tc.want {
 				t.Errorf("the stream holds the update %d times, want %d", got, tc.want)
 			}
 		})
 	}
+}
+
+// stopsAfterCommit is the record store in the events' stream of a bridge
+// that stops once a commit is stored, before it hears the answer, or
+// before a record written on its own.
+type stopsAfterCommit struct {
+	*natssink.StreamRecords
+	stop bool
+}
+
+func (s *stopsAfterCommit) Put(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
+	if s.stop {
+		return 0, errors.New("the bridge stopped")
+	}
+	return s.StreamRecords.Put(ctx, key, value, revision)
+}
+
+func (s *stopsAfterCommit) Commit(ctx context.Context, ev cloudevents.Event, key string, value []byte, revision uint64) (sink.Receipt, uint64, error) {
+	receipt, rev, err := s.StreamRecords.Commit(ctx, ev, key, value, revision)
+	if err == nil && s.stop {
+		return sink.Receipt{}, 0, errors.New("the bridge stopped")
+	}
+	return receipt, rev, err
 }

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	cloudevents "github.com/cloudevents/sdk-go/v2"
 	"github.com/go-logr/logr"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -434,6 +435,9 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		r.warn(ctx, stu, err, "%v", err)
 		return r.failed(key, err)
 	}
+	if c := r.Records.Committer(); c != nil {
+		return r.commit(ctx, c, stu, ev, rec)
+	}
 	if !known {
 		pending := rec
 		pending.Pending = true
@@ -463,6 +467,32 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		// out until the store takes it.
 		return r.failed(key, fmt.Errorf("record %s %s: %w", typ, ev.ID(), err))
 	}
+	r.failures.Delete(key)
+	return nil
+}
+
+// commit sends ev with its record rec in one write (records in the
+// events' stream): no write-ahead record is needed, and no moment exists
+// at which the event is out and its record is not.
+func (r *StudentReconciler) commit(ctx context.Context, c sink.Committer, stu *studentv1.Student, ev cloudevents.Event, rec studentv1.StudentRecord) error {
+	key := client.ObjectKeyFromObject(stu)
+	typ := rec.Published.Type
+	sendCtx, sendSpan := startStep(ctx, "jetstream commit")
+	receipt, err := measured(ev, func() (receipt sink.Receipt, err error) {
+		err = r.Records.Commit(sendCtx, rec, func(k string, value []byte, revision uint64) (uint64, uint64, error) {
+			var rev uint64
+			receipt, rev, err = c.Commit(sendCtx, ev, k, value, revision)
+			return rev, receipt.Sequence, err
+		})
+		return receipt, err
+	})
+	endSpan(sendSpan, err)
+	if err != nil {
+		r.warn(ctx, stu, err, "publishing %s (id %s) failed: %v", typ, ev.ID(), err)
+		return r.failed(key, terminalIfInvalid(fmt.Errorf("publish %s %s: %w", typ, ev.ID(), err)))
+	}
+	log.FromContext(ctx).V(1).Info("published", "type", typ, "id", ev.ID(), "subject", receipt.Subject, "sequence", receipt.Sequence)
+	r.Recorder.Eventf(stu, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "published %s to %s, id %s, stream sequence %d", typ, receipt.Subject, ev.ID(), receipt.Sequence)
 	r.failures.Delete(key)
 	return nil
 }

@@ -3,6 +3,8 @@ package sink
 import (
 	"context"
 	"errors"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2"
 )
 
 // Sentinel errors a Store wraps.
@@ -24,6 +26,9 @@ type Record struct {
 	// Revision is the store's version of the record; Put and Delete take it
 	// to detect writes by someone else.
 	Revision uint64
+	// EventSequence is, for a record a Committer stored with its event,
+	// the event's stream sequence; 0 otherwise.
+	EventSequence uint64
 }
 
 // Store keeps what the bridge published, next to the events themselves, so
@@ -45,4 +50,18 @@ type Store interface {
 	// otherwise it returns an error wrapping ErrConflict. Deleting a
 	// record that does not exist is not an error.
 	Delete(ctx context.Context, key string, revision uint64) error
+}
+
+// Committer is a Store that also stores an event with its record in one
+// write: both or neither (records kept in the events' stream, written as
+// one atomic batch). With it, no moment exists at which an event is out
+// and its record is not.
+type Committer interface {
+	Store
+	// Commit stores event and, under key, the record value if the record
+	// is still at revision (0: no record yet). It returns the event's
+	// receipt and the record's new revision. If the record changed (or the
+	// stream holds the event already, and so its record), nothing is
+	// stored and the error wraps ErrConflict.
+	Commit(ctx context.Context, event cloudevents.Event, key string, value []byte, revision uint64) (Receipt, uint64, error)
 }

@@ -111,7 +111,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	if err != nil {
 		return err
 	}
-	if err := mgr.Add(&recordLoader{nc: nc, mover: mover, cfg: cfg, selector: selector, mgr: mgr, r: r, log: log.WithName("records")}); err != nil {
+	if err := mgr.Add(&recordLoader{nc: nc, pub: pub, mover: mover, cfg: cfg, selector: selector, mgr: mgr, r: r, log: log.WithName("records")}); err != nil {
 		return err
 	}
 	if cfg.Shards.Count > 1 {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/reconciler"
+	"github.com/student-bridge/student-bridge/sink"
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
@@ -58,7 +59,17 @@ func streamConfig(cfg *config.Config, layout natssink.SubjectLayout) natssink.St
 		MaxMsgs:    s.MaxMsgs,
 		Discard:    s.Discard,
 		Duplicates: s.Duplicates,
+		Records:    recordsSubject(cfg),
 	}
+}
+
+// recordsSubject is the subject prefix of the records in the stream, if
+// they live there.
+func recordsSubject(cfg *config.Config) string {
+	if cfg.Records.Store != config.RecordsInStream {
+		return ""
+	}
+	return natssink.RecordsSubject(cfg.NATS.SubjectPrefix)
 }
 
 // streamEnsurer makes sure the stream exists and captures our subjects. It
@@ -117,6 +128,7 @@ func (s *streamEnsurer) Start(ctx context.Context) error {
 // have: deleted, or out of scope, while no bridge ran.
 type recordLoader struct {
 	nc    *nats.Conn
+	pub   *natssink.Publisher
 	mover *natssink.Mover
 	cfg   *config.Config
 	// selector is cfg.LabelSelector, parsed.
@@ -136,21 +148,38 @@ func (l *recordLoader) Start(ctx context.Context) error {
 	// The records load while the cache syncs: a restart waits for the
 	// longer of the two, not for both in turn.
 	bucket := natssink.BucketConfig{Name: l.cfg.Records.Bucket, Storage: l.cfg.Records.Storage, Replicas: l.cfg.Records.Replicas, Timeout: l.cfg.NATS.AckTimeout, Mover: l.mover}
-	var store *natssink.KV
+	var (
+		kv    *natssink.KV
+		store sink.Store
+		where = "bucket " + bucket.Name
+		key   = "records.bucket"
+	)
+	if subject := recordsSubject(l.cfg); subject != "" {
+		where, key = "stream "+l.cfg.NATS.Stream.Name+" under "+subject, "records.store"
+	}
 	err := retry(ctx, l.log, "record store load", func(ctx context.Context) error {
 		if !l.nc.IsConnected() {
 			return fmt.Errorf("NATS %s", l.nc.Status())
 		}
-		// A lookup or a create is one JetStream API request: one that got
-		// lost (a cluster busy electing or creating) is asked again soon.
-		setup, cancel := context.WithTimeout(ctx, setupTimeout)
-		var err error
-		store, err = natssink.EnsureBucket(setup, l.nc, bucket, l.cfg.Records.Create)
-		cancel()
-		if err != nil {
-			return err
+		if l.cfg.Records.Store == config.RecordsInStream {
+			var err error
+			store, err = natssink.NewStreamRecords(l.pub, l.cfg.NATS.Stream.Name, l.cfg.NATS.SubjectPrefix, l.mover)
+			if err != nil {
+				return err
+			}
+		} else {
+			// A lookup or a create is one JetStream API request: one that got
+			// lost (a cluster busy electing or creating) is asked again soon.
+			setup, cancel := context.WithTimeout(ctx, setupTimeout)
+			var err error
+			kv, err = natssink.EnsureBucket(setup, l.nc, bucket, l.cfg.Records.Create)
+			cancel()
+			if err != nil {
+				return err
+			}
+			store = kv
 		}
-		ctx, cancel = context.WithTimeout(ctx, time.Minute)
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
 		defer cancel()
 		if err := checkShardCount(ctx, store, l.cfg.Shards.Count); err != nil {
 			return err
@@ -159,23 +188,25 @@ func (l *recordLoader) Start(ctx context.Context) error {
 		if err := l.r.Records.Load(ctx, store); err != nil {
 			return err
 		}
-		l.log.Info("record store loaded", "bucket", bucket.Name, "records", l.r.Records.Len(), "took", time.Since(start).String())
+		l.log.Info("record store loaded", "in", where, "records", l.r.Records.Len(), "took", time.Since(start).String())
 		return nil
 	}, natssink.ErrBucketShape, errShardCount)
 	if errors.Is(err, errShardCount) {
 		return err
 	}
 	if err != nil {
-		return fmt.Errorf("config key records.bucket: %w", err)
+		return fmt.Errorf("config key %s: %w", key, err)
 	}
 	if ctx.Err() != nil {
 		return nil
 	}
-	go func() {
-		if err := store.PurgeDeleteMarkers(ctx); err != nil && ctx.Err() == nil {
-			l.log.Info("purging the delete markers of removed records failed; they are purged at the next start", "reason", err.Error())
-		}
-	}()
+	if kv != nil {
+		go func() {
+			if err := kv.PurgeDeleteMarkers(ctx); err != nil && ctx.Err() == nil {
+				l.log.Info("purging the delete markers of removed records failed; they are purged at the next start", "reason", err.Error())
+			}
+		}()
+	}
 	if !l.mgr.GetCache().WaitForCacheSync(ctx) {
 		return nil
 	}

@@ -92,6 +92,10 @@ func (c *Config) Validate() error {
 		return notAChoice("records.storage", c.Records.Storage)
 	case c.Records.Replicas < 1 || c.Records.Replicas > 5:
 		return bad("records.replicas", "%d: want 1 to 5", c.Records.Replicas)
+	case !isChoice("records.store", c.Records.Store):
+		return notAChoice("records.store", c.Records.Store)
+	case c.Records.Store == RecordsInStream && c.NATS.Mode != "jetstream":
+		return bad("records.store", "%q needs nats.mode jetstream: the records live in the events' stream", c.Records.Store)
 	case c.Status.Enabled && c.Status.QPS <= 0:
 		return bad("status.qps", "%v must be positive (or set status.enabled to false)", c.Status.QPS)
 	case c.Receipts.Bucket != "" && !validBucketName(c.Receipts.Bucket):

@@ -127,6 +127,15 @@ func (r *Set) Load(ctx context.Context, store sink.Store) error {
 	return nil
 }
 
+// Committer is the store, if it stores events with their records (nil
+// otherwise, or before the first Load).
+func (r *Set) Committer() sink.Committer {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c, _ := r.store.(sink.Committer)
+	return c
+}
+
 // WhenLoaded calls f once the first Load finished: at once if it has.
 func (r *Set) WhenLoaded(f func()) {
 	r.mu.Lock()
@@ -220,6 +229,9 @@ func readStoreExcept(ctx context.Context, store sink.Store, skip func(key string
 	out := make([]storedRecord, 0, n)
 	for _, rec := range all[:n] {
 		if sr, ok := contract.ParseRecord(rec.Key, rec.Value); ok {
+			if rec.EventSequence != 0 {
+				sr.Published.Sequence = int64(rec.EventSequence)
+			}
 			// Held once, not once per record.
 			sr.Namespace, sr.Published.Type = intern(sr.Namespace), intern(sr.Published.Type)
 			out = append(out, storedRecord{rec: sr, revision: rec.Revision})
@@ -374,6 +386,40 @@ func (r *Set) Save(ctx context.Context, rec studentv1.StudentRecord) error {
 	return err
 }
 
+// Commit writes rec with its event through commit (a sink.Committer's
+// Commit of the record's key and value at the revision held), both or
+// neither. On success rec is held at its new revision, with its event's
+// stream sequence. On a conflict
+// (another writer, or this very change committed by an attempt whose
+// answer was lost) the record is read again and the error wraps
+// sink.ErrConflict. On any other failure memory stays as it was: the
+// event is not known to be out, and publishing it again is safe, since
+// the record's fence refuses a second commit.
+func (r *Set) Commit(ctx context.Context, rec studentv1.StudentRecord, commit func(key string, value []byte, revision uint64) (newRevision, eventSequence uint64, err error)) error {
+	uid := rec.UID
+	value, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("encode record %s: %w", uid, err)
+	}
+	r.mu.Lock()
+	revision := r.revisionLocked(uid)
+	r.mu.Unlock()
+	newRevision, eventSequence, err := commit(contract.RecordKey(uid), value, revision)
+	storeOps.WithLabelValues("put", opResult(err)).Inc()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case err == nil:
+		rec.Published.Sequence = int64(eventSequence)
+		r.setLocked(rec, newRevision, true)
+		recordsGauge.Set(float64(len(r.byUID)))
+		return nil
+	case errors.Is(err, sink.ErrConflict):
+		r.rereadLocked(ctx, uid)
+	}
+	return fmt.Errorf("commit record %s: %w", uid, err)
+}
+
 // settleLocked records the outcome of writing entry e of uid: its new
 // revision, or, on a conflict or a record that will never fit, what the
 // store holds (another writer's record is the truth, and holding back one
@@ -470,6 +516,9 @@ func (r *Set) rereadLocked(ctx context.Context, uid types.UID) {
 	if errors.Is(err, sink.ErrNotFound) {
 		r.dropLocked(uid)
 	} else if sr, ok := contract.ParseRecord(key, rec.Value); err == nil && ok {
+		if rec.EventSequence != 0 {
+			sr.Published.Sequence = int64(rec.EventSequence)
+		}
 		r.setLocked(sr, rec.Revision, true)
 	}
 }

@@ -230,13 +230,35 @@ func (s *KV) Get(ctx context.Context, key string) (sink.Record, error) {
 func (s *KV) get(ctx context.Context, key string) (sink.Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	req, err := json.Marshal(map[string]string{"last_by_subj": "$KV." + s.bucket + "." + key})
-	if err != nil {
-		return sink.Record{}, err
-	}
-	reply, err := s.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+s.bucket, req)
-	if err != nil {
+	seq, h, data, err := lastMsg(ctx, s.nc, "KV_"+s.bucket, "$KV."+s.bucket+"."+key)
+	switch {
+	case errors.Is(err, errNoMessage):
+		return sink.Record{}, s.classify("get "+key, jetstream.ErrKeyNotFound)
+	case err != nil:
 		return sink.Record{}, s.classify("get "+key, err)
+	}
+	// A delete or purge marker, or a marker the server leaves when a key's
+	// time to live ends: the key has no value.
+	if h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != "" {
+		return sink.Record{}, s.classify("get "+key, jetstream.ErrKeyDeleted)
+	}
+	return sink.Record{Key: key, Value: data, Revision: seq}, nil
+}
+
+// errNoMessage: the subject holds no message.
+var errNoMessage = errors.New("no message")
+
+// lastMsg reads the last message of subject from stream's leader (not a
+// direct get, which any replica may answer, also one that has not applied
+// the latest write yet). A subject without messages is errNoMessage.
+func lastMsg(ctx context.Context, nc *nats.Conn, stream, subject string) (uint64, nats.Header, []byte, error) {
+	req, err := json.Marshal(map[string]string{"last_by_subj": subject})
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	reply, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+stream, req)
+	if err != nil {
+		return 0, nil, nil, err
 	}
 	var resp struct {
 		Message *struct {
@@ -247,28 +269,23 @@ func (s *KV) get(ctx context.Context, key string) (sink.Record, error) {
 		Error *jetstream.APIError `json:"error"`
 	}
 	if err := json.Unmarshal(reply.Data, &resp); err != nil {
-		return sink.Record{}, fmt.Errorf("get %s: bad reply: %w", key, err)
+		return 0, nil, nil, fmt.Errorf("bad reply: %w", err)
 	}
 	switch {
 	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
-		return sink.Record{}, s.classify("get "+key, jetstream.ErrKeyNotFound)
+		return 0, nil, nil, errNoMessage
 	case resp.Error != nil:
-		return sink.Record{}, s.classify("get "+key, resp.Error)
+		return 0, nil, nil, resp.Error
 	case resp.Message == nil:
-		return sink.Record{}, fmt.Errorf("get %s: reply without a message", key)
+		return 0, nil, nil, errors.New("reply without a message")
 	}
+	h := nats.Header{}
 	if len(resp.Message.Header) > 0 {
-		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
-		if err != nil {
-			return sink.Record{}, fmt.Errorf("get %s: bad headers: %w", key, err)
-		}
-		// A delete or purge marker, or a marker the server leaves when a
-		// key's time to live ends: the key has no value.
-		if h.Get("KV-Operation") != "" || h.Get(jetstream.MarkerReasonHeader) != "" {
-			return sink.Record{}, s.classify("get "+key, jetstream.ErrKeyDeleted)
+		if h, err = nats.DecodeHeadersMsg(resp.Message.Header); err != nil {
+			return 0, nil, nil, fmt.Errorf("bad headers: %w", err)
 		}
 	}
-	return sink.Record{Key: key, Value: resp.Message.Data, Revision: resp.Message.Sequence}, nil
+	return resp.Message.Sequence, h, resp.Message.Data, nil
 }
 
 // Put implements sink.Store: a create when revision is 0, else an update at

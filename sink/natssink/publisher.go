@@ -96,21 +96,11 @@ func NewPublisher(nc *nats.Conn, cfg Config) (*Publisher, error) {
 // acknowledged the event (JetStream mode) or the server received it (Core
 // mode). Nothing is reported as sent while the connection is down.
 func (p *Publisher) Publish(ctx context.Context, event cloudevents.Event) (sink.Receipt, error) {
-	subject := p.cfg.Layout.Subject(event)
-	msg, err := EncodeMsg(ctx, event, subject, p.cfg.Encoding)
+	msg, err := p.message(ctx, event)
 	if err != nil {
 		return sink.Receipt{}, err
 	}
-	// The W3C trace context also as a plain traceparent header, in both
-	// encodings: nats-server's message tracing follows that header (an
-	// account with msg_trace set), and tools that know no CloudEvents
-	// see it. The event itself carries it as its traceparent attribute.
-	if tp, ok := event.Extensions()["traceparent"].(string); ok && tp != "" {
-		msg.Header.Set("traceparent", tp)
-	}
-	if limit := p.nc.MaxPayload(); limit > 0 && int64(len(msg.Data)+headerSize(msg)) > limit {
-		return sink.Receipt{}, fmt.Errorf("%w: %d bytes on %s, server allows %d", sink.ErrTooLarge, len(msg.Data)+headerSize(msg), subject, limit)
-	}
+	subject := msg.Subject
 	if err := p.connected(); err != nil {
 		return sink.Receipt{}, err
 	}
@@ -137,6 +127,34 @@ func (p *Publisher) Publish(ctx context.Context, event cloudevents.Event) (sink.
 	}
 	_ = p.cfg.Mover.Observe(nil)
 	return sink.Receipt{Subject: subject, Stream: ack.Stream, Sequence: ack.Sequence, Duplicate: ack.Duplicate}, nil
+}
+
+// message is event as the NATS message it is published as.
+func (p *Publisher) message(ctx context.Context, event cloudevents.Event) (*nats.Msg, error) {
+	subject := p.cfg.Layout.Subject(event)
+	msg, err := EncodeMsg(ctx, event, subject, p.cfg.Encoding)
+	if err != nil {
+		return nil, err
+	}
+	// The W3C trace context also as a plain traceparent header, in both
+	// encodings: nats-server's message tracing follows that header (an
+	// account with msg_trace set), and tools that know no CloudEvents
+	// see it. The event itself carries it as its traceparent attribute.
+	if tp, ok := event.Extensions()["traceparent"].(string); ok && tp != "" {
+		msg.Header.Set("traceparent", tp)
+	}
+	if err := p.fits(msg); err != nil {
+		return nil, err
+	}
+	return msg, nil
+}
+
+// fits refuses a message larger than the server takes.
+func (p *Publisher) fits(msg *nats.Msg) error {
+	if limit := p.nc.MaxPayload(); limit > 0 && int64(len(msg.Data)+headerSize(msg)) > limit {
+		return fmt.Errorf("%w: %d bytes on %s, server allows %d", sink.ErrTooLarge, len(msg.Data)+headerSize(msg), msg.Subject, limit)
+	}
+	return nil
 }
 
 func (p *Publisher) connected() error {

@@ -31,6 +31,10 @@ type StreamConfig struct {
 	// Duplicates is the window in which the stream drops an event whose id it
 	// already stored.
 	Duplicates time.Duration
+	// Records, if set, is the subject prefix of the records the stream
+	// keeps beside the events (StreamRecords): the stream captures it and
+	// allows atomic batches, per-message TTLs and rollups.
+	Records string
 }
 
 // ErrStreamConflict means the stream exists but does not capture the bridge's
@@ -57,13 +61,30 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig,
 		return nil, fmt.Errorf("look up stream %s: %w", cfg.Name, err)
 	}
 	info := s.CachedInfo()
-	for _, subj := range info.Config.Subjects {
-		if SubjectCovers(subj, cfg.Subject) {
-			return info, nil
+	if err := captures(info, cfg.Subject); err != nil {
+		return nil, err
+	}
+	if cfg.Records != "" {
+		if err := captures(info, cfg.Records+".>"); err != nil {
+			return nil, err
+		}
+		if c := info.Config; !c.AllowAtomicPublish || !c.AllowMsgTTL || !c.AllowRollup {
+			return nil, fmt.Errorf("%w: stream %s does not allow atomic batches, per-message TTLs and rollups (allow_atomic %t, allow_msg_ttl %t, allow_rollup_hdrs %t), which records in the stream need",
+				ErrStreamConflict, cfg.Name, c.AllowAtomicPublish, c.AllowMsgTTL, c.AllowRollup)
 		}
 	}
-	return nil, fmt.Errorf("%w: stream %s exists with subjects %v, which do not capture %q; add %q to the stream or configure another stream name",
-		ErrStreamConflict, cfg.Name, info.Config.Subjects, cfg.Subject, cfg.Subject)
+	return info, nil
+}
+
+// captures says why the stream does not capture subject, if it does not.
+func captures(info *jetstream.StreamInfo, subject string) error {
+	for _, subj := range info.Config.Subjects {
+		if SubjectCovers(subj, subject) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: stream %s exists with subjects %v, which do not capture %q; add %q to the stream or configure another stream name",
+		ErrStreamConflict, info.Config.Name, info.Config.Subjects, subject, subject)
 }
 
 func streamConfig(cfg StreamConfig) (jetstream.StreamConfig, error) {
@@ -76,6 +97,10 @@ func streamConfig(cfg StreamConfig) (jetstream.StreamConfig, error) {
 		MaxBytes:    cfg.MaxBytes,
 		MaxMsgs:     cfg.MaxMsgs,
 		Duplicates:  cfg.Duplicates,
+	}
+	if cfg.Records != "" {
+		sc.Subjects = append(sc.Subjects, cfg.Records+".>")
+		sc.AllowAtomicPublish, sc.AllowMsgTTL, sc.AllowRollup = true, true, true
 	}
 	if sc.MaxBytes == 0 {
 		sc.MaxBytes = -1

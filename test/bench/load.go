@@ -106,18 +106,21 @@ type result struct {
 	// unobserved counts Students created and deleted before the variant
 	// published anything for them: consistent for consumers, not a loss
 	// (the bridge's finalizer is added by its first reconcile).
-	unobserved      int
-	lostNames       []string
-	duplicates      int
-	events          int
-	p50, p99        time.Duration
-	p999            time.Duration
-	behind          bool // the generator could not keep the rate
-	studentWrites   int64
-	eventWrites     int64
-	cpuSeconds      float64 // this process: generator, NATS, subscriber, the bridge
-	ownCPU          float64 // the variant's own processes, if it runs as processes
-	controlPlaneCPU float64 // kube-apiserver and etcd
+	unobserved    int
+	lostNames     []string
+	duplicates    int
+	events        int
+	p50, p99      time.Duration
+	p999          time.Duration
+	behind        bool // the generator could not keep the rate
+	studentWrites int64
+	eventWrites   int64
+	cpuSeconds    float64 // this process: generator, NATS, subscriber, the bridge
+	ownCPU        float64 // the variant's own processes, if it runs as processes
+	// natsSent and natsReceived: the messages its processes sent to NATS
+	// and received from it.
+	natsSent, natsReceived float64
+	controlPlaneCPU        float64 // kube-apiserver and etcd
 	// receiptToStatus: from a service applying a change to the Student
 	// showing it (variants with services); applied counts the changes
 	// the services applied.

@@ -208,16 +208,18 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "## student-bridge benchmark\n\n%s, %d CPUs, %s; %d reps of %s per cell, randomized order; median (min-max).\n\n",
 		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), o.reps, o.duration)
-	b.WriteString("| variant | rate/s | p50 ms | p99 ms | p99.9 ms | coverage | lost final | unobserved | dup | Student writes/change | k8s Events/change | CPU s/1k changes | own processes CPU s/1k changes | API server+etcd CPU s/1k changes | kept up |\n")
-	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("| variant | rate/s | p50 ms | p99 ms | p99.9 ms | coverage | lost final | unobserved | dup | Student writes/change | k8s Events/change | CPU s/1k changes | own processes CPU s/1k changes | API server+etcd CPU s/1k changes | NATS messages sent/received per change | kept up |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	sustained := map[string]int{}
 	eachCell(o.rates, results, func(variant) bool { return true }, func(v variant, rate int, rs []result) {
 		p99s := durations(rs, func(r result) time.Duration { return r.p99 })
 		lost, unobserved, dup, made, covered := 0, 0, 0, 0, 0
 		var writes, events int64
-		var cpu, cpCPU, own float64
+		var cpu, cpCPU, own, sent, received float64
 		for _, r := range rs {
 			own += r.ownCPU
+			sent += r.natsSent
+			received += r.natsReceived
 			lost += r.lostFinal
 			unobserved += r.unobserved
 			dup += r.duplicates
@@ -233,18 +235,21 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 			wpc = fmt.Sprintf("%.3f", float64(writes)/float64(made))
 			epc = fmt.Sprintf("%.2f", float64(events)/float64(made))
 		}
-		ownPC := "-"
+		ownPC, natsPC := "-", "-"
 		if own > 0 {
 			ownPC = fmt.Sprintf("%.2f", own/float64(made)*1000)
+		}
+		if sent > 0 {
+			natsPC = fmt.Sprintf("%.2f / %.2f", sent/float64(made), received/float64(made))
 		}
 		keptUp := kept(rs)
 		if keptUp && rate > sustained[v.name] {
 			sustained[v.name] = rate
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d/%d | %d | %d | %d | %s | %s | %.2f | %s | %.2f | %v |\n", v.name, rate,
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d/%d | %d | %d | %d | %s | %s | %.2f | %s | %.2f | %s | %v |\n", v.name, rate,
 			spread(durations(rs, func(r result) time.Duration { return r.p50 })), spread(p99s),
 			spread(durations(rs, func(r result) time.Duration { return r.p999 })),
-			covered, made, lost, unobserved, dup, wpc, epc, cpu/float64(made)*1000, ownPC, cpCPU/float64(made)*1000, keptUp)
+			covered, made, lost, unobserved, dup, wpc, epc, cpu/float64(made)*1000, ownPC, cpCPU/float64(made)*1000, natsPC, keptUp)
 	})
 	b.WriteString(stageTable(o, results))
 	if len(o.rates) > 0 {
@@ -537,6 +542,7 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 		// say of their writes (Lease renewals counted with the Students'
 		// writes) and stages.
 		res.ownCPU = own1.cpu - own0.cpu
+		res.natsSent, res.natsReceived = own1.natsSent-own0.natsSent, own1.natsReceived-own0.natsReceived
 		res.eventWrites = int64(own1.events - own0.events)
 		res.studentWrites = int64(own1.writes-own0.writes) - res.eventWrites
 		res.stages = stages.Since(own0.stages, own1.stages)

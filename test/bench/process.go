@@ -323,7 +323,10 @@ func stopProcs(ps []*proc) {
 type usage struct {
 	cpu            float64
 	writes, events float64
-	stages         map[string]stages.Histogram
+	// natsSent and natsReceived are the messages the bridges sent to
+	// NATS and received from it.
+	natsSent, natsReceived float64
+	stages                 map[string]stages.Histogram
 }
 
 func (r *run) usage() (usage, error) {
@@ -342,6 +345,8 @@ func (r *run) usage() (usage, error) {
 		// API server (Students, Events, Leases).
 		u.writes += counterSum(families, "rest_client_requests_total", func(l map[string]string) bool { return l["method"] != "GET" })
 		u.events += counterSum(families, "student_bridge_kubernetes_events_total", func(l map[string]string) bool { return l["result"] == "written" })
+		u.natsSent += counterSum(families, "student_bridge_nats_messages_sent_total", func(map[string]string) bool { return true })
+		u.natsReceived += counterSum(families, "student_bridge_nats_messages_received_total", func(map[string]string) bool { return true })
 		all = append(all, stages.FromFamilies(families))
 	}
 	u.stages = stages.Sum(all...)

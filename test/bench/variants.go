@@ -135,8 +135,12 @@ var variants = []variant{
 	{name: "student-bridge (process, no k8s Events)", k8s: true, bridge: true, policy: true, start: bridgeProcess("--kubernetes-events=false")},
 	{name: "student-bridge (process, no status)", k8s: true, bridge: true, policy: true, start: bridgeProcess("--status=false")},
 	{name: "student-bridge (process, publishing only)", k8s: true, bridge: true, start: bridgeProcess("--hold-deletes-with-finalizer=false", "--kubernetes-events=false", "--status=false")},
+	// The records in the events' stream, each change one atomic batch of
+	// its event and its record (records.store: stream, docs/one-write.md).
+	{name: "student-bridge (process, one write)", k8s: true, bridge: true, policy: true, start: bridgeProcess("--records-store=stream")},
 	{name: "raw-informer (process, NATS cluster)", k8s: true, cluster: true, start: startRawInformerProcess},
 	{name: "student-bridge (process, NATS cluster)", k8s: true, bridge: true, policy: true, cluster: true, start: bridgeProcess()},
+	{name: "student-bridge (process, NATS cluster, one write)", k8s: true, bridge: true, policy: true, cluster: true, start: bridgeProcess("--records-store=stream")},
 	{name: "student-bridge (3 processes, 16 shards, NATS cluster)", k8s: true, bridge: true, policy: true, cluster: true, start: func(ctx context.Context, e *env, r *run) (func(), error) { return startProcesses(ctx, e, r, 3) }},
 }
 
