@@ -424,7 +424,8 @@ func (r *Set) Commit(ctx context.Context, rec studentv1.StudentRecord, commit fu
 // revision, or, on a conflict or a record that will never fit, what the
 // store holds (another writer's record is the truth, and holding back one
 // that never fits would block every other Student), or else e kept as
-// unsaved.
+// unsaved. A conflict with a record older than e keeps e too: its event
+// is out, and the record that says so must not be lost to an older one.
 func (r *Set) settleLocked(ctx context.Context, uid types.UID, e *entry, revision uint64, err error) error {
 	storeOps.WithLabelValues("put", opResult(err)).Inc()
 	switch {
@@ -432,6 +433,11 @@ func (r *Set) settleLocked(ctx context.Context, uid types.UID, e *entry, revisio
 		e.revision = revision
 		delete(r.unsaved, uid)
 		return nil
+	case errors.Is(err, sink.ErrConflict) && r.byUID[uid] == e && r.storeBehindLocked(ctx, uid, e):
+		// The store's record is older than e, whose event is out (the
+		// store took a write of ours whose answer was lost, say): e is
+		// written over it, not forgotten.
+		r.unsaved[uid] = struct{}{}
 	case errors.Is(err, sink.ErrConflict), errors.Is(err, sink.ErrTooLarge):
 		r.rereadLocked(ctx, uid)
 	case r.byUID[uid] == e:
@@ -507,6 +513,23 @@ func (r *Set) flushLocked(ctx context.Context) error {
 	unsavedGauge.Set(float64(len(r.unsaved)))
 	recordsGauge.Set(float64(len(r.byUID)))
 	return errors.Join(errs...)
+}
+
+// storeBehindLocked says whether the store holds an older record of uid
+// than e (an earlier number of the Student's events); if so, e moves to
+// the store's revision, so that its next write goes over that record.
+func (r *Set) storeBehindLocked(ctx context.Context, uid types.UID, e *entry) bool {
+	key := contract.RecordKey(uid)
+	rec, err := r.store.Get(ctx, key)
+	if err != nil {
+		return false
+	}
+	sr, ok := contract.ParseRecord(key, rec.Value)
+	if !ok || sr.Published.StudentSequence >= e.rec.Published.StudentSequence {
+		return false
+	}
+	e.revision = rec.Revision
+	return true
 }
 
 // rereadLocked replaces the memory of uid with what the store holds.

@@ -3,6 +3,7 @@ package records_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -207,5 +208,48 @@ func TestShareHoldsStringsOnce(t *testing.T) {
 	recs.Share(changed)
 	if changed.Spec.School != "tsinghua" || !sameBytes(changed.Spec.Name, held.Published.Spec.Name) {
 		t.Errorf("a changed school: shared into %+v, want tsinghua kept and the name shared", changed.Spec)
+	}
+}
+
+// TestConflictWithAnOlderRecordKeepsTheNewer: the store took a write whose
+// answer was lost (the first event's record, over its write-ahead), and
+// the bridge, still holding the write-ahead, published the Student's
+// second event. Its record's write conflicts; what the store holds is the
+// first event's. The Set keeps the second, unsaved, and the next flush
+// writes it: were the first adopted, the Student's next event would be
+// numbered 2 again.
+func TestConflictWithAnOlderRecordKeepsTheNewer(t *testing.T) {
+	ctx := context.Background()
+	store := &sinktest.Store{}
+	recs := records.New()
+	if err := recs.Load(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	rec := func(id string, seq int64, pending bool) studentv1.StudentRecord {
+		return studentv1.StudentRecord{Namespace: "ns", Name: "s", UID: "u", Pending: pending,
+			Published: studentv1.PublishedEvent{Type: studentv1.EventTypeCreated, ID: id, StudentSequence: seq}}
+	}
+	if err := recs.Save(ctx, rec("first", 1, true)); err != nil {
+		t.Fatal(err)
+	}
+	held, err := store.Get(ctx, "u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Put(ctx, "u", []byte(`{"namespace":"ns","name":"s","uid":"u","published":{"type":"io.k8s.example.student.created","id":"first","studentSequence":1}}`), held.Revision); err != nil {
+		t.Fatal(err)
+	}
+	if err := recs.Save(ctx, rec("second", 2, false)); !errors.Is(err, sink.ErrConflict) {
+		t.Fatalf("the second record's write: %v, want a conflict", err)
+	}
+	if got, _ := recs.Get("u"); got.Published.ID != "second" || recs.Unsaved() != 1 {
+		t.Fatalf("after the conflict the Set holds %s (%d unsaved), want the second, unsaved", got.Published.ID, recs.Unsaved())
+	}
+	if err := recs.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stored, err := store.Get(ctx, "u")
+	if err != nil || !strings.Contains(string(stored.Value), `"id":"second"`) {
+		t.Errorf("the store holds %s, %v; want the second event's record", stored.Value, err)
 	}
 }
