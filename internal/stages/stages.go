@@ -78,6 +78,12 @@ func FromFamilies(families []*dto.MetricFamily) map[string]Histogram {
 			h := m.GetHistogram()
 			s := Histogram{Count: h.GetSampleCount(), Sum: h.GetSampleSum()}
 			for _, b := range h.GetBucket() {
+				// The +Inf bucket a scrape in text format carries is the
+				// count: Quantile counts what lies above the last bound as
+				// the last bound.
+				if math.IsInf(b.GetUpperBound(), 1) {
+					continue
+				}
 				s.Bounds = append(s.Bounds, b.GetUpperBound())
 				s.Cumulative = append(s.Cumulative, b.GetCumulativeCount())
 			}
