@@ -180,7 +180,7 @@ undeploy: $(KUBECTL) ## Delete what deploy applied (Students and their stream da
 BENCH_FLAGS ?=
 
 .PHONY: bench
-bench: $(TEST_DEPS) ## Run the end-to-end benchmark (hours with the defaults: narrow it with BENCH_FLAGS, e.g. -rates 100 -reps 3); results in bench-results/results.md.
+bench: $(TEST_DEPS) ## Run the end-to-end benchmark (hours with the defaults: narrow it with BENCH_FLAGS, e.g. -rates 100 -reps 3); results in bench-results/results.md, the load phase as data in results.json.
 	$(GO) run ./test/bench $(BENCH_FLAGS)
 
 ##@ Tools (built from the Go module proxy into bin/, once)

@@ -16,6 +16,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -23,7 +24,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"runtime"
 	"runtime/pprof"
 	"slices"
 	"sort"
@@ -72,6 +72,10 @@ func selected(name, only string) bool {
 	return false
 }
 
+// dataPath is where the results as data go beside the markdown out:
+// results.md, results.json.
+func dataPath(out string) string { return strings.TrimSuffix(out, filepath.Ext(out)) + ".json" }
+
 // cellKey names a cell of the results: a variant at a rate.
 type cellKey struct {
 	variant string
@@ -103,9 +107,10 @@ func main() {
 		os.Exit(informerSyncMain(os.Args[2:]))
 	}
 	var o options
-	var rates, students string
+	var rates, students, renderFrom string
 	flag.StringVar(&rates, "rates", "50,100,200,300,500,1000", "Change rates (changes/s) to run, comma separated.")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "How long the generator runs per variant and rate.")
+	flag.StringVar(&renderFrom, "render", "", "Print the load tables of this results file (a run's .json beside its .md) and run nothing.")
 	flag.IntVar(&o.reps, "reps", 3, "Repetitions of every (variant, rate); the table shows the median and the min-max.")
 	flag.StringVar(&students, "students", "1000,10000,100000", "Student counts for the memory and restart measurements (the slopes are between the first and the last); empty skips them.")
 	flag.StringVar(&o.out, "out", "bench-results/results.md", "Results file (markdown).")
@@ -116,6 +121,15 @@ func main() {
 		"before steady memory is sampled anyway; past the Go runtime's forced collection every two minutes.")
 	flag.DurationVar(&settleQuiet, "settle", 2*time.Second, "A run has settled when no event arrived for this long.")
 	flag.Parse()
+	if renderFrom != "" {
+		tables, err := render(renderFrom)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		fmt.Print(tables)
+		return
+	}
 	o.rates = ints(rates)
 	o.students = ints(students)
 	logTo := io.Discard
@@ -205,55 +219,11 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 		results[cellKey{t.v.name, t.rate}] = append(results[cellKey{t.v.name, t.rate}], r)
 	}
 
+	data := newResults(o, results)
 	var b strings.Builder
-	fmt.Fprintf(&b, "## student-bridge benchmark\n\n%s, %d CPUs, %s; %d reps of %s per cell, randomized order; median (min-max).\n\n",
-		time.Now().UTC().Format("2006-01-02"), runtime.NumCPU(), runtime.Version(), o.reps, o.duration)
-	b.WriteString("| variant | rate/s | p50 ms | p99 ms | p99.9 ms | coverage | lost final | unobserved | dup | Student writes/change | k8s Events/change | CPU s/1k changes | own processes CPU s/1k changes | API server+etcd CPU s/1k changes | NATS messages sent/received per change | kept up |\n")
-	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
-	sustained := map[string]int{}
-	eachCell(o.rates, results, func(variant) bool { return true }, func(v variant, rate int, rs []result) {
-		p99s := durations(rs, func(r result) time.Duration { return r.p99 })
-		lost, unobserved, dup, made, covered := 0, 0, 0, 0, 0
-		var writes, events int64
-		var cpu, cpCPU, own, sent, received float64
-		for _, r := range rs {
-			own += r.ownCPU
-			sent += r.natsSent
-			received += r.natsReceived
-			lost += r.lostFinal
-			unobserved += r.unobserved
-			dup += r.duplicates
-			made += r.made
-			covered += r.covered
-			writes += r.studentWrites
-			events += r.eventWrites
-			cpu += r.cpuSeconds
-			cpCPU += r.controlPlaneCPU
-		}
-		wpc, epc := "-", "-"
-		if v.bridge {
-			wpc = fmt.Sprintf("%.3f", float64(writes)/float64(made))
-			epc = fmt.Sprintf("%.2f", float64(events)/float64(made))
-		}
-		ownPC, natsPC := "-", "-"
-		if own > 0 {
-			ownPC = fmt.Sprintf("%.2f", own/float64(made)*1000)
-		}
-		if sent > 0 {
-			natsPC = fmt.Sprintf("%.2f / %.2f", sent/float64(made), received/float64(made))
-		}
-		keptUp := kept(rs)
-		if keptUp && rate > sustained[v.name] {
-			sustained[v.name] = rate
-		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d/%d | %d | %d | %d | %s | %s | %.2f | %s | %.2f | %s | %v |\n", v.name, rate,
-			spread(durations(rs, func(r result) time.Duration { return r.p50 })), spread(p99s),
-			spread(durations(rs, func(r result) time.Duration { return r.p999 })),
-			covered, made, lost, unobserved, dup, wpc, epc, cpu/float64(made)*1000, ownPC, cpCPU/float64(made)*1000, natsPC, keptUp)
-	})
-	b.WriteString(stageTable(o, results))
+	b.WriteString(loadTables(data))
+	sustained := sustainedRates(o.rates, results)
 	if len(o.rates) > 0 {
-		b.WriteString(capacityTable(o, results))
 		b.WriteString("\nHighest sustained rate (p99 < 1 s, no lost final state, generator kept its schedule):\n\n")
 	}
 	probeRuns := 0 // names each probe's namespace and stream
@@ -341,6 +311,9 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	if err := os.WriteFile(o.out, []byte(b.String()), 0o644); err != nil {
 		return err
 	}
+	if err := writeResults(dataPath(o.out), data); err != nil {
+		return err
+	}
 	if err := latencyChart(filepath.Join(dir, "latency.svg"), o.rates, results); err != nil {
 		return err
 	}
@@ -353,10 +326,75 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	return nil
 }
 
+// loadTables are the load phase's tables of res: every cell, where the
+// time goes, capacity.
+func loadTables(res Results) string {
+	results := res.cells()
+	var b strings.Builder
+	fmt.Fprintf(&b, "## student-bridge benchmark\n\n%s, commit %s, %d CPUs, %s; %d reps of %s per cell, randomized order; median (min-max).\n\n",
+		res.Date, cmp.Or(res.Commit, "unknown"), res.Machine.CPUs, res.Machine.Go, res.Reps, res.Duration)
+	b.WriteString("| variant | rate/s | p50 ms | p99 ms | p99.9 ms | coverage | lost final | unobserved | dup | Student writes/change | k8s Events/change | CPU s/1k changes | own processes CPU s/1k changes | API server+etcd CPU s/1k changes | NATS messages sent/received per change | kept up |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	eachCell(res.Rates, results, func(variant) bool { return true }, func(v variant, rate int, rs []result) {
+		p99s := durations(rs, func(r result) time.Duration { return r.p99 })
+		lost, unobserved, dup, made, covered := 0, 0, 0, 0, 0
+		var writes, events int64
+		var cpu, cpCPU, own, sent, received float64
+		for _, r := range rs {
+			own += r.ownCPU
+			sent += r.natsSent
+			received += r.natsReceived
+			lost += r.lostFinal
+			unobserved += r.unobserved
+			dup += r.duplicates
+			made += r.made
+			covered += r.covered
+			writes += r.studentWrites
+			events += r.eventWrites
+			cpu += r.cpuSeconds
+			cpCPU += r.controlPlaneCPU
+		}
+		wpc, epc := "-", "-"
+		if v.bridge {
+			wpc = fmt.Sprintf("%.3f", float64(writes)/float64(made))
+			epc = fmt.Sprintf("%.2f", float64(events)/float64(made))
+		}
+		ownPC, natsPC := "-", "-"
+		if own > 0 {
+			ownPC = fmt.Sprintf("%.2f", own/float64(made)*1000)
+		}
+		if sent > 0 {
+			natsPC = fmt.Sprintf("%.2f / %.2f", sent/float64(made), received/float64(made))
+		}
+		keptUp := kept(rs)
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d/%d | %d | %d | %d | %s | %s | %.2f | %s | %.2f | %s | %v |\n", v.name, rate,
+			spread(durations(rs, func(r result) time.Duration { return r.p50 })), spread(p99s),
+			spread(durations(rs, func(r result) time.Duration { return r.p999 })),
+			covered, made, lost, unobserved, dup, wpc, epc, cpu/float64(made)*1000, ownPC, cpCPU/float64(made)*1000, natsPC, keptUp)
+	})
+	b.WriteString(stageTable(res.Rates, results))
+	if len(res.Rates) > 0 {
+		b.WriteString(capacityTable(res.Rates, results))
+	}
+	return b.String()
+}
+
+// sustainedRates is each variant's highest rate of the grid it kept up
+// with.
+func sustainedRates(rates []int, results map[cellKey][]result) map[string]int {
+	sustained := map[string]int{}
+	eachCell(rates, results, func(variant) bool { return true }, func(v variant, rate int, rs []result) {
+		if kept(rs) && rate > sustained[v.name] {
+			sustained[v.name] = rate
+		}
+	})
+	return sustained
+}
+
 // stageTable shows where the time of a change goes in the bridge: each
 // stage's p50 and p99 per bridge variant and rate, from the stage
 // histograms of all repetitions of the cell together.
-func stageTable(o options, results map[cellKey][]result) string {
+func stageTable(rates []int, results map[cellKey][]result) string {
 	var b strings.Builder
 	b.WriteString("\nWhere the time goes (student_bridge_stage_duration_seconds, p50 / p99 ms, all repetitions of a cell; replicas together):\n\n")
 	b.WriteString("| variant | rate/s |")
@@ -364,7 +402,7 @@ func stageTable(o options, results map[cellKey][]result) string {
 		fmt.Fprintf(&b, " %s |", s)
 	}
 	b.WriteString("\n| --- | --- |" + strings.Repeat(" --- |", len(stages.All)) + "\n")
-	eachCell(o.rates, results, func(v variant) bool { return v.bridge }, func(v variant, rate int, rs []result) {
+	eachCell(rates, results, func(v variant) bool { return v.bridge }, func(v variant, rate int, rs []result) {
 		fmt.Fprintf(&b, "| %s | %d |", v.name, rate)
 		for _, s := range stages.All {
 			var h stages.Histogram
@@ -386,8 +424,8 @@ func stageTable(o options, results map[cellKey][]result) string {
 // rate, where (run far beyond what they sustain) the rate is their
 // capacity: median and range of the repetitions, and for each variant
 // whether its range overlaps the raw informer's.
-func capacityTable(o options, results map[cellKey][]result) string {
-	top := slices.Max(o.rates)
+func capacityTable(rates []int, results map[cellKey][]result) string {
+	top := slices.Max(rates)
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nCapacity: changes covered per second at %d/s (from the first change to the last event covering one; beyond a variant's capacity, its capacity), median (min-max) of the repetitions:\n\n", top)
 	b.WriteString("| variant | drained changes/s | against raw-informer |\n| --- | --- | --- |\n")

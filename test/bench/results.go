@@ -1,0 +1,185 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/student-bridge/student-bridge/internal/stages"
+)
+
+// Results is a run's load phase as data: where, when and how it ran, and
+// every repetition of every cell. The run writes it beside its markdown
+// (results.json); -render prints the load tables from such a file with the
+// same code the run used, so a committed file renders the same tables
+// again.
+type Results struct {
+	Date     string  `json:"date"`
+	Commit   string  `json:"commit"`
+	Command  string  `json:"command"`
+	Machine  Machine `json:"machine"`
+	Reps     int     `json:"reps"`
+	Duration string  `json:"duration"`
+	Rates    []int   `json:"rates"`
+	Cells    []Cell  `json:"cells"`
+}
+
+// Machine is what the run ran on.
+type Machine struct {
+	CPUs int    `json:"cpus"`
+	OS   string `json:"os"`
+	Arch string `json:"arch"`
+	Go   string `json:"go"`
+}
+
+// Cell is one variant at one rate, each repetition as it ran.
+type Cell struct {
+	Variant string `json:"variant"`
+	Rate    int    `json:"rate"`
+	Reps    []Rep  `json:"reps"`
+}
+
+// Rep is one repetition of a cell (a result, in units a reader can use:
+// latencies in milliseconds, CPU in seconds).
+type Rep struct {
+	Made            int                         `json:"made"`
+	Failed          int                         `json:"failed"`
+	Covered         int                         `json:"covered"`
+	LostFinal       int                         `json:"lostFinal"`
+	Unobserved      int                         `json:"unobserved"`
+	Duplicates      int                         `json:"duplicates"`
+	Events          int                         `json:"events"`
+	P50ms           float64                     `json:"p50ms"`
+	P99ms           float64                     `json:"p99ms"`
+	P999ms          float64                     `json:"p999ms"`
+	Behind          bool                        `json:"behind"`
+	StudentWrites   int64                       `json:"studentWrites"`
+	EventWrites     int64                       `json:"eventWrites"`
+	CPUSeconds      float64                     `json:"cpuSeconds"`
+	OwnCPUSeconds   float64                     `json:"ownCpuSeconds"`
+	ControlPlaneCPU float64                     `json:"controlPlaneCpuSeconds"`
+	NATSSent        float64                     `json:"natsMessagesSent"`
+	NATSReceived    float64                     `json:"natsMessagesReceived"`
+	Drained         float64                     `json:"drainedPerSecond"`
+	Applied         int64                       `json:"applied"`
+	ReceiptToStatus []float64                   `json:"receiptToStatusMs,omitempty"`
+	Stages          map[string]stages.Histogram `json:"stages,omitempty"`
+}
+
+// finite is x, or 0 for what JSON cannot hold (a rate of nothing over no
+// time).
+func finite(x float64) float64 {
+	if math.IsInf(x, 0) || math.IsNaN(x) {
+		return 0
+	}
+	return x
+}
+
+func toMS(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// fromMS undoes toMS exactly (rounded to the nanosecond toMS came from).
+func fromMS(ms float64) time.Duration {
+	return time.Duration(math.Round(ms * float64(time.Millisecond)))
+}
+
+func repOf(r result) Rep {
+	rep := Rep{
+		Made: r.made, Failed: r.failed, Covered: r.covered, LostFinal: r.lostFinal, Unobserved: r.unobserved,
+		Duplicates: r.duplicates, Events: r.events, P50ms: toMS(r.p50), P99ms: toMS(r.p99), P999ms: toMS(r.p999),
+		Behind: r.behind, StudentWrites: r.studentWrites, EventWrites: r.eventWrites, CPUSeconds: finite(r.cpuSeconds),
+		OwnCPUSeconds: finite(r.ownCPU), ControlPlaneCPU: finite(r.controlPlaneCPU), NATSSent: r.natsSent, NATSReceived: r.natsReceived,
+		Drained: finite(r.drained), Applied: r.applied, Stages: r.stages,
+	}
+	for _, d := range r.receiptToStatus {
+		rep.ReceiptToStatus = append(rep.ReceiptToStatus, toMS(d))
+	}
+	return rep
+}
+
+func (rep Rep) result(variant string, rate int) result {
+	r := result{
+		variant: variant, rate: rate, made: rep.Made, failed: rep.Failed, covered: rep.Covered, lostFinal: rep.LostFinal,
+		unobserved: rep.Unobserved, duplicates: rep.Duplicates, events: rep.Events, p50: fromMS(rep.P50ms), p99: fromMS(rep.P99ms),
+		p999: fromMS(rep.P999ms), behind: rep.Behind, studentWrites: rep.StudentWrites, eventWrites: rep.EventWrites,
+		cpuSeconds: rep.CPUSeconds, ownCPU: rep.OwnCPUSeconds, controlPlaneCPU: rep.ControlPlaneCPU, natsSent: rep.NATSSent,
+		natsReceived: rep.NATSReceived, drained: rep.Drained, applied: rep.Applied, stages: rep.Stages,
+	}
+	for _, ms := range rep.ReceiptToStatus {
+		r.receiptToStatus = append(r.receiptToStatus, fromMS(ms))
+	}
+	return r
+}
+
+// newResults is the data of a run with options o and the load phase's
+// results, in the order of variants and rates.
+func newResults(o options, results map[cellKey][]result) Results {
+	res := Results{
+		Date:     time.Now().UTC().Format("2006-01-02"),
+		Commit:   commit(),
+		Command:  strings.Join(os.Args, " "),
+		Machine:  Machine{CPUs: runtime.NumCPU(), OS: runtime.GOOS, Arch: runtime.GOARCH, Go: runtime.Version()},
+		Reps:     o.reps,
+		Duration: o.duration.String(),
+		Rates:    o.rates,
+	}
+	eachCell(o.rates, results, func(variant) bool { return true }, func(v variant, rate int, rs []result) {
+		c := Cell{Variant: v.name, Rate: rate}
+		for _, r := range rs {
+			c.Reps = append(c.Reps, repOf(r))
+		}
+		res.Cells = append(res.Cells, c)
+	})
+	return res
+}
+
+// cells are the load phase's results again, by cell.
+func (res Results) cells() map[cellKey][]result {
+	out := map[cellKey][]result{}
+	for _, c := range res.Cells {
+		for _, rep := range c.Reps {
+			out[cellKey{c.Variant, c.Rate}] = append(out[cellKey{c.Variant, c.Rate}], rep.result(c.Variant, c.Rate))
+		}
+	}
+	return out
+}
+
+// commit is the commit the run was built from, "+dirty" if the tree had
+// changes; "" outside a git checkout.
+func commit() string {
+	out, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	c := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(st) > 0 {
+		c += "+dirty"
+	}
+	return c
+}
+
+// render prints the load tables of the results file at path.
+func render(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	var res Results
+	if err := json.Unmarshal(b, &res); err != nil {
+		return "", fmt.Errorf("%s: %w", path, err)
+	}
+	return loadTables(res), nil
+}
+
+// writeResults writes res as JSON to path.
+func writeResults(path string, res Results) error {
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
