@@ -228,10 +228,7 @@ func readStoreExcept(ctx context.Context, store sink.Store, skip func(key string
 	}
 	out := make([]storedRecord, 0, n)
 	for _, rec := range all[:n] {
-		if sr, ok := contract.ParseRecord(rec.Key, rec.Value); ok {
-			if rec.EventSequence != 0 {
-				sr.Published.Sequence = int64(rec.EventSequence)
-			}
+		if sr, ok := parseStored(rec.Key, rec); ok {
 			// Held once, not once per record.
 			sr.Namespace, sr.Published.Type = intern(sr.Namespace), intern(sr.Published.Type)
 			out = append(out, storedRecord{rec: sr, revision: rec.Revision})
@@ -415,7 +412,7 @@ func (r *Set) Commit(ctx context.Context, rec studentv1.StudentRecord, commit fu
 		recordsGauge.Set(float64(len(r.byUID)))
 		return nil
 	case errors.Is(err, sink.ErrConflict):
-		r.rereadLocked(ctx, uid)
+		r.rereadLocked(ctx, uid, nil)
 	}
 	return fmt.Errorf("commit record %s: %w", uid, err)
 }
@@ -433,13 +430,13 @@ func (r *Set) settleLocked(ctx context.Context, uid types.UID, e *entry, revisio
 		e.revision = revision
 		delete(r.unsaved, uid)
 		return nil
-	case errors.Is(err, sink.ErrConflict) && r.byUID[uid] == e && r.storeBehindLocked(ctx, uid, e):
-		// The store's record is older than e, whose event is out (the
-		// store took a write of ours whose answer was lost, say): e is
-		// written over it, not forgotten.
-		r.unsaved[uid] = struct{}{}
+	case errors.Is(err, sink.ErrConflict) && r.byUID[uid] == e:
+		// The store may hold a record older than e, whose event is out
+		// (the store took a write of ours whose answer was lost, say):
+		// then e is written over it, not forgotten.
+		r.rereadLocked(ctx, uid, e)
 	case errors.Is(err, sink.ErrConflict), errors.Is(err, sink.ErrTooLarge):
-		r.rereadLocked(ctx, uid)
+		r.rereadLocked(ctx, uid, nil)
 	case r.byUID[uid] == e:
 		r.unsaved[uid] = struct{}{}
 	}
@@ -487,7 +484,7 @@ func (r *Set) Remove(ctx context.Context, uid types.UID) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if errors.Is(err, sink.ErrConflict) {
-		r.rereadLocked(ctx, uid)
+		r.rereadLocked(ctx, uid, nil)
 	}
 	if err != nil {
 		return fmt.Errorf("delete record %s: %w", uid, err)
@@ -515,35 +512,36 @@ func (r *Set) flushLocked(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// storeBehindLocked says whether the store holds an older record of uid
-// than e (an earlier number of the Student's events); if so, e moves to
-// the store's revision, so that its next write goes over that record.
-func (r *Set) storeBehindLocked(ctx context.Context, uid types.UID, e *entry) bool {
-	key := contract.RecordKey(uid)
-	rec, err := r.store.Get(ctx, key)
-	if err != nil {
-		return false
-	}
-	sr, ok := contract.ParseRecord(key, rec.Value)
-	if !ok || sr.Published.StudentSequence >= e.rec.Published.StudentSequence {
-		return false
-	}
-	e.revision = rec.Revision
-	return true
-}
-
-// rereadLocked replaces the memory of uid with what the store holds.
-func (r *Set) rereadLocked(ctx context.Context, uid types.UID) {
+// rereadLocked replaces the memory of uid with what the store holds,
+// unless newer is held for uid and the store's record is older than it
+// (an earlier number of the Student's events): then newer stays, unsaved,
+// at the store's revision, so that its next write goes over that record.
+func (r *Set) rereadLocked(ctx context.Context, uid types.UID, newer *entry) {
 	key := contract.RecordKey(uid)
 	rec, err := r.store.Get(ctx, key)
 	if errors.Is(err, sink.ErrNotFound) {
 		r.dropLocked(uid)
-	} else if sr, ok := contract.ParseRecord(key, rec.Value); err == nil && ok {
-		if rec.EventSequence != 0 {
-			sr.Published.Sequence = int64(rec.EventSequence)
-		}
+		return
+	}
+	sr, ok := parseStored(key, rec)
+	switch {
+	case err != nil || !ok:
+	case newer != nil && sr.Published.StudentSequence < newer.rec.Published.StudentSequence:
+		newer.revision = rec.Revision
+		r.unsaved[uid] = struct{}{}
+	default:
 		r.setLocked(sr, rec.Revision, true)
 	}
+}
+
+// parseStored is the Student's record a store holds under key, with the
+// stream sequence of the event it was committed with, if the store knows.
+func parseStored(key string, rec sink.Record) (studentv1.StudentRecord, bool) {
+	sr, ok := contract.ParseRecord(key, rec.Value)
+	if ok && rec.EventSequence != 0 {
+		sr.Published.Sequence = int64(rec.EventSequence)
+	}
+	return sr, ok
 }
 
 func (r *Set) revisionLocked(uid types.UID) uint64 {
