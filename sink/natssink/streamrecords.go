@@ -81,6 +81,23 @@ func (s *StreamRecords) key(subject string) string { return strings.TrimPrefix(s
 // Load implements sink.Store: the last message of every record subject,
 // read by an ordered consumer that delivers the last per subject.
 func (s *StreamRecords) Load(ctx context.Context) ([]sink.Record, error) {
+	// On a cluster a consumer just made may not answer its first request
+	// yet ("no responders"): asked again, for up to the timeout.
+	deadline := time.Now().Add(s.timeout)
+	for {
+		out, err := s.load(ctx)
+		if !errors.Is(err, nats.ErrNoResponders) || time.Now().After(deadline) {
+			return out, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (s *StreamRecords) load(ctx context.Context) ([]sink.Record, error) {
 	c, err := s.p.js.OrderedConsumer(ctx, s.stream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{s.subject + ".>"},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
@@ -251,6 +268,11 @@ func (s *StreamRecords) classify(op string, err error) error {
 		case errCodeBatchIncomplete, errCodeBatchInflight:
 			return fmt.Errorf("%w: %s: %w", sink.ErrUnavailable, op, err)
 		}
+	}
+	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) {
+		// The stream was found or made at the start: its leader is out
+		// of reach (an election, or no quorum).
+		return fmt.Errorf("%w: record store: %s: stream %s did not answer: %w", sink.ErrUnavailable, op, s.stream, err)
 	}
 	return s.p.classify(op, err)
 }
