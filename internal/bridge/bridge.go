@@ -92,6 +92,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 
 	restCfg = rest.CopyConfig(restCfg)
 	restCfg.QPS, restCfg.Burst = cfg.KubeAPIQPS, cfg.KubeAPIBurst
+	countAPIRequests(restCfg)
 	selector, err := labels.Parse(cfg.LabelSelector)
 	if err != nil {
 		return fmt.Errorf("config key labelSelector: %w", err)
@@ -153,10 +154,11 @@ func registerMetrics() {
 	registerOnce.Do(func() {
 		version.RegisterMetrics()
 		natsconn.RegisterMetrics()
+		natssink.RegisterMetrics()
 		kubeevents.RegisterMetrics()
 		shards.RegisterMetrics()
 		reconciler.RegisterMetrics()
-		crmetrics.Registry.MustRegister(snapshotRequests, shardBacklog)
+		crmetrics.Registry.MustRegister(snapshotRequests, shardBacklog, apiRequests)
 		for _, r := range []string{snapshotNewRun, snapshotCoalesced, snapshotRefused} {
 			snapshotRequests.WithLabelValues(r)
 		}

@@ -151,6 +151,7 @@ func HasSource(sources []*jetstream.StreamSource, src *jetstream.StreamSource) b
 // PurgeDeleteMarkers removes the delete markers older than a minute that
 // removed records leave behind, so they do not pile up in the bucket.
 func (s *KV) PurgeDeleteMarkers(ctx context.Context) error {
+	count(requestPurge)
 	if err := s.kv.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(time.Minute)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return s.classify("purge delete markers", err)
 	}
@@ -159,6 +160,7 @@ func (s *KV) PurgeDeleteMarkers(ctx context.Context) error {
 
 // Load implements sink.Store with one watch of every key.
 func (s *KV) Load(ctx context.Context) ([]sink.Record, error) {
+	count(requestLoad)
 	w, err := s.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
 		return nil, s.classify("watch", err)
@@ -185,6 +187,7 @@ func (s *KV) Load(ctx context.Context) ([]sink.Record, error) {
 // apply with every change (deleted for a removed key) until ctx is done.
 // It returns nil when ctx is done, an error when the watch ends otherwise.
 func (s *KV) Watch(ctx context.Context, apply func(rec sink.Record, deleted bool), synced func()) error {
+	count(requestWatch)
 	w, err := s.kv.WatchAll(ctx)
 	if err != nil {
 		return s.classify("watch", err)
@@ -230,6 +233,7 @@ func (s *KV) Get(ctx context.Context, key string) (sink.Record, error) {
 func (s *KV) get(ctx context.Context, key string) (sink.Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	count(requestRead)
 	seq, h, data, err := lastMsg(ctx, s.nc, "KV_"+s.bucket, "$KV."+s.bucket+"."+key)
 	switch {
 	case errors.Is(err, errNoMessage):
@@ -293,6 +297,7 @@ func lastMsg(ctx context.Context, nc *nats.Conn, stream, subject string) (uint64
 func (s *KV) Put(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	count(requestWrite)
 	var rev uint64
 	var err error
 	if revision == 0 {
@@ -311,6 +316,7 @@ func (s *KV) Put(ctx context.Context, key string, value []byte, revision uint64)
 func (s *KV) Delete(ctx context.Context, key string, revision uint64) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	count(requestDelete)
 	if err := s.kv.Delete(ctx, key, jetstream.LastRevision(revision)); err != nil {
 		return s.mover.Observe(s.classify("delete "+key, err))
 	}

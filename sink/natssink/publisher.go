@@ -121,6 +121,7 @@ func (p *Publisher) Publish(ctx context.Context, event cloudevents.Event) (sink.
 	if p.cfg.Stream != "" {
 		opts = append(opts, jetstream.WithExpectStream(p.cfg.Stream))
 	}
+	count(requestPublish)
 	ack, err := p.js.PublishMsg(ctx, msg, opts...)
 	if err != nil {
 		return sink.Receipt{}, p.cfg.Mover.Observe(p.classify(subject, err))

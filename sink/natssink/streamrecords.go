@@ -98,6 +98,7 @@ func (s *StreamRecords) Load(ctx context.Context) ([]sink.Record, error) {
 }
 
 func (s *StreamRecords) load(ctx context.Context) ([]sink.Record, error) {
+	count(requestLoad)
 	c, err := s.p.js.OrderedConsumer(ctx, s.stream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{s.subject + ".>"},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
@@ -155,6 +156,7 @@ func (s *StreamRecords) record(subject string, h nats.Header, data []byte, seq u
 func (s *StreamRecords) Get(ctx context.Context, key string) (sink.Record, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	count(requestRead)
 	seq, h, data, err := lastMsg(ctx, s.p.nc, s.stream, s.subject+"."+key)
 	if errors.Is(err, errNoMessage) {
 		return sink.Record{}, fmt.Errorf("%w: get %s", sink.ErrNotFound, key)
@@ -181,6 +183,7 @@ func (s *StreamRecords) recordMsg(key string, value []byte, revision uint64) *na
 
 // Put implements sink.Store.
 func (s *StreamRecords) Put(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
+	count(requestWrite)
 	return s.write(ctx, "put "+key, s.recordMsg(key, value, revision))
 }
 
@@ -191,6 +194,7 @@ func (s *StreamRecords) Delete(ctx context.Context, key string, revision uint64)
 	m := s.recordMsg(key, nil, revision)
 	m.Header.Set(recordHeader, "deleted")
 	m.Header.Set(jetstream.MsgTTLHeader, tombstoneTTL)
+	count(requestDelete)
 	_, err := s.write(ctx, "delete "+key, m)
 	return err
 }
@@ -235,6 +239,7 @@ func (s *StreamRecords) Commit(ctx context.Context, event cloudevents.Event, key
 	if err := s.p.nc.PublishMsg(ev); err != nil {
 		return sink.Receipt{}, 0, s.mover.Observe(s.p.classify(ev.Subject, err))
 	}
+	count(requestCommit)
 	reply, err := s.p.nc.RequestMsgWithContext(ctx, rec)
 	if err != nil {
 		return sink.Receipt{}, 0, s.mover.Observe(s.p.classify(ev.Subject, err))
