@@ -89,11 +89,15 @@ type options struct {
 	students []int // Student counts of the memory and restart phase
 	out      string
 	only     string
-	// idle is how long the writes at rest are counted; 0 skips them.
+	// idle is how long the counts phase counts the requests at rest; 0
+	// skips that row.
 	idle time.Duration
 	// memorySettle bounds the wait for a restarted bridge's memory to
 	// settle before steady memory is sampled.
 	memorySettle time.Duration
+	// counts are the rates the counts phase changes Students at; empty
+	// skips it.
+	counts []int
 	// bisect narrows each variant's highest sustained rate to within 10%
 	// between the rates of the grid.
 	bisect bool
@@ -107,20 +111,30 @@ func main() {
 		os.Exit(informerSyncMain(os.Args[2:]))
 	}
 	var o options
-	var rates, students, renderFrom string
+	var rates, students, countRates, renderFrom string
+	var docs bool
 	flag.StringVar(&rates, "rates", "50,100,200,300,500,1000", "Change rates (changes/s) to run, comma separated.")
 	flag.DurationVar(&o.duration, "duration", 10*time.Second, "How long the generator runs per variant and rate.")
+	flag.BoolVar(&docs, "docs", false, "Render the benchmark blocks of README.md and docs/*.md again from the results files they name, in place, and run nothing.")
 	flag.StringVar(&renderFrom, "render", "", "Print the load tables of this results file (a run's .json beside its .md) and run nothing.")
 	flag.IntVar(&o.reps, "reps", 3, "Repetitions of every (variant, rate); the table shows the median and the min-max.")
 	flag.StringVar(&students, "students", "1000,10000,100000", "Student counts for the memory and restart measurements (the slopes are between the first and the last); empty skips them.")
 	flag.StringVar(&o.out, "out", "bench-results/results.md", "Results file (markdown).")
 	flag.StringVar(&o.only, "only", "", "Run only variants whose name contains this (or one of these, comma separated; =name: that name exactly).")
-	flag.DurationVar(&o.idle, "idle", 30*time.Second, "How long the API writes at rest are counted per shape; 0 skips them.")
+	flag.StringVar(&countRates, "counts", "1,100", "Rates (changes/s) at which the counts phase counts each operation's requests, three bridge processes over 16 shards; empty skips it.")
+	flag.DurationVar(&o.idle, "idle", 30*time.Second, "How long the counts phase counts the requests at rest; 0 skips that.")
 	flag.BoolVar(&o.bisect, "bisect", true, "Narrow each variant's highest sustained rate to within 10% by bisection between the grid's rates.")
 	flag.DurationVar(&o.memorySettle, "memory-settle", 150*time.Second, "How long a restarted bridge's memory may take to settle (a garbage collection, then RSS within 1% for 10s) "+
 		"before steady memory is sampled anyway; past the Go runtime's forced collection every two minutes.")
 	flag.DurationVar(&settleQuiet, "settle", 2*time.Second, "A run has settled when no event arrived for this long.")
 	flag.Parse()
+	if docs {
+		if err := renderDocs([]string{"README.md", "docs"}); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if renderFrom != "" {
 		tables, err := render(renderFrom)
 		if err != nil {
@@ -132,6 +146,7 @@ func main() {
 	}
 	o.rates = ints(rates)
 	o.students = ints(students)
+	o.counts = ints(countRates)
 	logTo := io.Discard
 	if f := os.Getenv("BENCH_LOG"); f != "" {
 		if lf, err := os.Create(f); err == nil {
@@ -222,6 +237,14 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	data := newResults(o, results)
 	var b strings.Builder
 	b.WriteString(loadTables(data))
+	if len(o.counts) > 0 {
+		c, err := counts(ctx, e, o.counts, o.idle)
+		if err != nil {
+			return fmt.Errorf("counts: %w", err)
+		}
+		data.Counts = &c
+		b.WriteString("\n" + countsTable(c))
+	}
 	sustained := sustainedRates(o.rates, results)
 	if len(o.rates) > 0 {
 		b.WriteString("\nHighest sustained rate (p99 < 1 s, no lost final state, generator kept its schedule):\n\n")
@@ -283,13 +306,6 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 		fmt.Fprintf(&b, "\n%s at %d/s: a service's receipt shows on the Student after p50 %s, p99 %s (%d of %d applied changes seen in sync; the others were coalesced into a later status write of the same Student).\n",
 			v.name, rate, lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)*99/100].Round(time.Millisecond), len(lat), applied)
 	})
-	if o.idle > 0 {
-		idle, err := idleCost(ctx, e, o.idle)
-		if err != nil {
-			return fmt.Errorf("at rest: %w", err)
-		}
-		b.WriteString("\n" + idle)
-	}
 	var memory []memPoint
 	if len(o.students) > 0 {
 		mem, points, err := memoryAndRestart(ctx, e, o.students, o.memorySettle)
@@ -429,21 +445,14 @@ func capacityTable(rates []int, results map[cellKey][]result) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nCapacity: changes covered per second at %d/s (from the first change to the last event covering one; beyond a variant's capacity, its capacity), median (min-max) of the repetitions:\n\n", top)
 	b.WriteString("| variant | drained changes/s | against raw-informer |\n| --- | --- | --- |\n")
-	span := func(rs []result) (lo, med, hi float64) {
-		d := make([]float64, len(rs))
-		for i, r := range rs {
-			d[i] = r.drained
-		}
-		slices.Sort(d)
-		return d[0], d[len(d)/2], d[len(d)-1]
-	}
+	drained := func(r result) float64 { return r.drained }
 	rawLo, rawMed, rawHi := 0.0, 0.0, 0.0
 	raw := results[cellKey{"raw-informer", top}]
 	if len(raw) > 0 {
-		rawLo, rawMed, rawHi = span(raw)
+		rawLo, rawMed, rawHi = spanOf(raw, drained)
 	}
 	eachCell([]int{top}, results, func(variant) bool { return true }, func(v variant, _ int, rs []result) {
-		lo, med, hi := span(rs)
+		lo, med, hi := spanOf(rs, drained)
 		cmp := "-"
 		switch {
 		case len(raw) == 0 || v.name == "raw-informer":

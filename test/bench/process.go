@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,37 +97,15 @@ func startProcesses(ctx context.Context, e *env, r *run, n int, extra ...string)
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"--kubeconfig", b.config, "--nats-url", e.url, "--cluster", "bench", "--namespaces", r.ns,
-		"--stream-name", r.stream, "--records-bucket", r.stream + "_RECORDS", "--receipts-bucket", r.stream + "_RECEIPTS",
-		"--subject-prefix", r.prefix, "--snapshot-request-subject", "",
-		"--stream-replicas", strconv.Itoa(e.replicas), "--records-replicas", strconv.Itoa(e.replicas)}
-	args = append(args, extra...)
-	if n > 1 {
-		// The shipped Lease timing: a replica's renewals and its reads of
-		// the Leases are part of what it costs.
-		args = append(args, "--shards", "16", "--leader-election-id", "bench-"+r.id, "--leader-election-namespace", r.ns)
-	} else {
-		args = append(args, "--leader-elect=false")
-	}
+	args := processArgs(b, e, r, n, extra...)
 	stop := func() { stopProcs(r.procs) }
 	for range n {
-		metricsAddr, healthAddr, pprofAddr := freeAddr(), freeAddr(), ""
-		procArgs := append(args, "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr)
-		if os.Getenv("BENCH_PROFILE_DIR") != "" {
-			pprofAddr = freeAddr()
-			procArgs = append(procArgs, "--pprof-bind-address", pprofAddr)
-		}
-		cmd := exec.Command(b.bridge, procArgs...)
-		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-		if err := cmd.Start(); err != nil {
+		p, err := startProcess(b, args)
+		if err != nil {
 			stop()
 			return nil, err
 		}
-		r.procs = append(r.procs, &proc{cmd: cmd, metrics: "http://" + metricsAddr + "/metrics", pprof: pprofAddr})
-		if err := waitHTTP("http://"+healthAddr+"/readyz", 60*time.Second); err != nil {
-			stop()
-			return nil, err
-		}
+		r.procs = append(r.procs, p)
 	}
 	if n > 1 {
 		if err := settled(ctx, e, r, n, 16, 60*time.Second); err != nil {
@@ -137,8 +116,56 @@ func startProcesses(ctx context.Context, e *env, r *run, n int, extra ...string)
 	return withSubscriber(ctx, e, r, stop)
 }
 
+// processArgs are the flags of the run's bridge processes, n of them,
+// with extra.
+func processArgs(b *binaries, e *env, r *run, n int, extra ...string) []string {
+	args := []string{"--kubeconfig", b.config, "--nats-url", e.url, "--cluster", "bench", "--namespaces", r.ns,
+		"--stream-name", r.stream, "--records-bucket", r.stream + "_RECORDS", "--receipts-bucket", r.stream + "_RECEIPTS",
+		"--subject-prefix", r.prefix, "--snapshot-request-subject", "",
+		"--stream-replicas", strconv.Itoa(e.replicas), "--records-replicas", strconv.Itoa(e.replicas)}
+	args = append(args, extra...)
+	if n > 1 {
+		// The shipped Lease timing: a replica's renewals and its reads of
+		// the Leases are part of what it costs.
+		return append(args, "--shards", "16", "--leader-election-id", "bench-"+r.id, "--leader-election-namespace", r.ns)
+	}
+	return append(args, "--leader-elect=false")
+}
+
+// startProcess starts a bridge process with args and waits until it is
+// ready.
+func startProcess(b *binaries, args []string) (*proc, error) {
+	metricsAddr, healthAddr, pprofAddr := freeAddr(), freeAddr(), ""
+	args = append(slices.Clone(args), "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr)
+	if os.Getenv("BENCH_PROFILE_DIR") != "" {
+		pprofAddr = freeAddr()
+		args = append(args, "--pprof-bind-address", pprofAddr)
+	}
+	cmd := exec.Command(b.bridge, args...)
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &proc{cmd: cmd, metrics: "http://" + metricsAddr + "/metrics", pprof: pprofAddr}
+	if err := waitHTTP("http://"+healthAddr+"/readyz", 60*time.Second); err != nil {
+		stopProcs([]*proc{p})
+		return nil, err
+	}
+	return p, nil
+}
+
 // startRawInformerProcess runs the raw informer as a process of its own.
 func startRawInformerProcess(ctx context.Context, e *env, r *run) (func(), error) {
+	return rawInformerProcess(ctx, e, r, false)
+}
+
+// startAckedInformerProcess runs the raw informer as a process of its own,
+// each handler waiting for its event's ack.
+func startAckedInformerProcess(ctx context.Context, e *env, r *run) (func(), error) {
+	return rawInformerProcess(ctx, e, r, true)
+}
+
+func rawInformerProcess(ctx context.Context, e *env, r *run, acked bool) (func(), error) {
 	b, err := e.prepare()
 	if err != nil {
 		return nil, err
@@ -146,7 +173,7 @@ func startRawInformerProcess(ctx context.Context, e *env, r *run) (func(), error
 	if err := ensureStream(ctx, e, r); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(b.bench, "raw-informer", "-kubeconfig", b.config, "-nats", e.url, "-namespace", r.ns, "-prefix", r.prefix)
+	cmd := exec.Command(b.bench, "raw-informer", "-kubeconfig", b.config, "-nats", e.url, "-namespace", r.ns, "-prefix", r.prefix, "-acked="+strconv.FormatBool(acked))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -185,6 +212,7 @@ func rawInformerMain(args []string) int {
 	url := fs.String("nats", "", "NATS URL")
 	ns := fs.String("namespace", "", "namespace of the Students")
 	prefix := fs.String("prefix", "", "subject prefix")
+	acked := fs.Bool("acked", false, "wait for each event's ack before the next")
 	_ = fs.Parse(args)
 	restCfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err != nil {
@@ -204,7 +232,7 @@ func rawInformerMain(args []string) int {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer cancel()
-	stop, err := runRawInformer(ctx, restCfg, js, *ns, *prefix)
+	stop, err := runRawInformer(ctx, restCfg, js, *ns, *prefix, *acked)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "raw-informer:", err)
 		return 1
@@ -362,11 +390,7 @@ func counterSum(families []*dto.MetricFamily, name string, match func(labels map
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if match(labels) {
+			if match(labelMap(m)) {
 				sum += m.GetCounter().GetValue()
 			}
 		}

@@ -27,6 +27,8 @@ type Results struct {
 	Duration string  `json:"duration"`
 	Rates    []int   `json:"rates"`
 	Cells    []Cell  `json:"cells"`
+	// Counts is the counts phase, if it ran.
+	Counts *Counts `json:"counts,omitempty"`
 }
 
 // Machine is what the run ran on.
@@ -162,7 +164,8 @@ func commit() string {
 	return c
 }
 
-// render prints the load tables of the results file at path.
+// render prints the tables of the results file at path: the load
+// phase's, then the counts'.
 func render(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -172,7 +175,16 @@ func render(path string) (string, error) {
 	if err := json.Unmarshal(b, &res); err != nil {
 		return "", fmt.Errorf("%s: %w", path, err)
 	}
-	return loadTables(res), nil
+	return tables(res), nil
+}
+
+// tables are the tables of res: the load phase's, then the counts'.
+func tables(res Results) string {
+	out := loadTables(res)
+	if res.Counts != nil {
+		out += "\n" + countsTable(*res.Counts)
+	}
+	return out
 }
 
 // writeResults writes res as JSON to path.

@@ -94,8 +94,6 @@ type run struct {
 	// status), eventWrites its Kubernetes Events.
 	studentWrites atomic.Int64
 	eventWrites   atomic.Int64
-	// otherWrites counts its other API writes (Leases).
-	otherWrites atomic.Int64
 	// receiptToStatus are the delays from a service applying a change to
 	// the Student showing it in sync (variants with services).
 	mu              sync.Mutex
@@ -111,6 +109,8 @@ var variants = []variant{
 	{name: "raw-informer", k8s: true, start: startRawInformer},
 	{name: "raw-informer (sync always)", k8s: true, syncAlways: true, start: startRawInformer},
 	{name: "raw-informer (process)", k8s: true, start: startRawInformerProcess},
+	// What an at-least-once exporter must do at least: wait for each ack.
+	{name: "raw-informer (process, acked)", k8s: true, start: startAckedInformerProcess},
 	{name: "student-bridge", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) {
 		return startBridge(ctx, e, r, true, true, nil)
 	}},
@@ -179,6 +179,7 @@ func settled(ctx context.Context, e *env, r *run, replicas, count int, within ti
 	deadline := time.Now().Add(within)
 	for {
 		var list coordinationv1.LeaseList
+		leaseLists.Add(1)
 		if err := e.st.Client.List(ctx, &list, client.InNamespace(r.ns)); err == nil {
 			ok := false
 			if count == 1 {
@@ -206,6 +207,10 @@ func settled(ctx context.Context, e *env, r *run, replicas, count int, within ti
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// leaseLists counts settled's lists of Leases, which the API server counts
+// with the bridges'.
+var leaseLists atomic.Int64
 
 // startBridges runs n bridges for the run in this process, each with its
 // own connections and identity, configured by tweak; stopAll stops them.
@@ -306,7 +311,7 @@ func startRawInformer(ctx context.Context, e *env, r *run) (func(), error) {
 	if err := ensureStream(ctx, e, r); err != nil {
 		return nil, err
 	}
-	stop, err := runRawInformer(ctx, e.st.RestConfig, e.js, r.ns, r.prefix)
+	stop, err := runRawInformer(ctx, e.st.RestConfig, e.js, r.ns, r.prefix, false)
 	if err != nil {
 		return nil, err
 	}
@@ -327,8 +332,11 @@ func rawInformerCache(ctx context.Context, restCfg *rest.Config, ns string) (cac
 }
 
 // runRawInformer runs the raw informer on Students of ns, publishing with
-// js under prefix, until stop; it returns once its cache synced.
-func runRawInformer(ctx context.Context, restCfg *rest.Config, js jetstream.JetStream, ns, prefix string) (stop func(), err error) {
+// js under prefix, until stop; it returns once its cache synced. Unless
+// acked, it does not wait for JetStream's acks: the most an informer can
+// publish. Acked, each handler waits for its event's ack, as any
+// at-least-once exporter must before it calls a change delivered.
+func runRawInformer(ctx context.Context, restCfg *rest.Config, js jetstream.JetStream, ns, prefix string, acked bool) (stop func(), err error) {
 	layout, _ := natssink.NewSubjectLayout(prefix, natssink.DefaultSubjectLayout)
 	ctx, cancel := context.WithCancel(ctx)
 	c, inf, err := rawInformerCache(ctx, restCfg, ns)
@@ -343,6 +351,10 @@ func runRawInformer(ctx context.Context, restCfg *rest.Config, js jetstream.JetS
 		}
 		msg, err := natssink.EncodeMsg(ctx, ev, layout.Subject(ev), natssink.Structured)
 		if err != nil {
+			return
+		}
+		if acked {
+			_, _ = js.PublishMsg(ctx, msg, jetstream.WithMsgID(ev.ID()))
 			return
 		}
 		_, _ = js.PublishMsgAsync(msg, jetstream.WithMsgID(ev.ID()))
@@ -415,8 +427,6 @@ func runBridge(ctx context.Context, e *env, r *run, kubeEvents, holdWithFinalize
 				r.studentWrites.Add(1)
 			case strings.Contains(req.URL.Path, "/events"):
 				r.eventWrites.Add(1)
-			default:
-				r.otherWrites.Add(1)
 			}
 			return rt.RoundTrip(req)
 		})

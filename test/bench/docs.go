@@ -1,0 +1,188 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/student-bridge/student-bridge/internal/stack"
+)
+
+// A rendered block in the docs: every benchmark figure in README.md and
+// docs/ stands between such markers, rendered from the committed results
+// file the first one names, by the block's kind:
+//
+//	<!-- bench docs/results/<run>.json summary -->
+//	...
+//	<!-- end bench -->
+//
+// `make generate` renders them again (renderDocs); `make verify-gen`
+// fails when one differs from what its file renders.
+var docBlock = regexp.MustCompile(`(?s)(<!-- bench (\S+) (\S+) -->\n).*?(<!-- end bench -->)`)
+
+// docKinds render a block of each kind from a run's results.
+var docKinds = map[string]func(Results) (string, error){
+	"run":     func(res Results) (string, error) { return runLine(res), nil },
+	"load":    func(res Results) (string, error) { return loadTables(res), nil },
+	"summary": func(res Results) (string, error) { return summaryTable(res), nil },
+	"counts": func(res Results) (string, error) {
+		if res.Counts == nil {
+			return "", fmt.Errorf("no counts in this run")
+		}
+		return countsTable(*res.Counts), nil
+	},
+}
+
+// renderDocs renders every block of the markdown files under paths (files,
+// or folders whose *.md files), relative to the repository root, in place.
+func renderDocs(paths []string) error {
+	root := stack.RepoRoot()
+	var files []string
+	for _, p := range paths {
+		p = filepath.Join(root, p)
+		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			md, _ := filepath.Glob(filepath.Join(p, "*.md"))
+			files = append(files, md...)
+			continue
+		}
+		files = append(files, p)
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		out, err := renderBlocks(root, string(b))
+		if err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		if out != string(b) {
+			if err := os.WriteFile(f, []byte(out), 0o644); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// renderBlocks renders the blocks of one file's text.
+func renderBlocks(root, text string) (string, error) {
+	var errs []error
+	loaded := map[string]Results{}
+	out := docBlock.ReplaceAllStringFunc(text, func(block string) string {
+		m := docBlock.FindStringSubmatch(block)
+		res, ok := loaded[m[2]]
+		if !ok {
+			b, err := os.ReadFile(filepath.Join(root, m[2]))
+			if err == nil {
+				err = json.Unmarshal(b, &res)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("block %s %s: %w", m[2], m[3], err))
+				return block
+			}
+			loaded[m[2]] = res
+		}
+		kind, ok := docKinds[m[3]]
+		if !ok {
+			errs = append(errs, fmt.Errorf("block %s %s: no such kind", m[2], m[3]))
+			return block
+		}
+		body, err := kind(res)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("block %s %s: %w", m[2], m[3], err))
+			return block
+		}
+		return m[1] + strings.TrimSpace(body) + "\n" + m[4]
+	})
+	if len(errs) > 0 {
+		return "", errs[0]
+	}
+	return out, nil
+}
+
+// runLine says which run a block's figures come from.
+func runLine(res Results) string {
+	return fmt.Sprintf("Run of %s (commit %s; %d CPUs, %s/%s, %s): `%s`.", res.Date, res.Commit, res.Machine.CPUs, res.Machine.OS, res.Machine.Arch, res.Machine.Go, res.Command)
+}
+
+// summaryVariants are the variants the summary compares, each as a
+// process of its own: the two references and the bridge.
+var summaryVariants = []string{"raw-informer (process)", "raw-informer (process, acked)", "student-bridge (process)", "student-bridge (3 processes, 16 shards)"}
+
+// summaryTable compares the bridge as a process with the raw informer and
+// the acked informer at each rate: p99, its own CPU per change, what it
+// drained; median (min-max) of the repetitions, and the bridge's ratios
+// to both references.
+func summaryTable(res Results) string {
+	if len(res.Rates) == 0 {
+		return ""
+	}
+	results := res.cells()
+	var present []string
+	for _, v := range summaryVariants {
+		if len(results[cellKey{v, res.Rates[0]}]) > 0 {
+			present = append(present, v)
+		}
+	}
+	var b strings.Builder
+	b.WriteString("| rate/s | quantity | " + strings.Join(present, " | ") + " |\n| --- | --- |" + strings.Repeat(" --- |", len(present)) + "\n")
+	quantities := []struct {
+		name string
+		of   func(r result) float64
+		show func(float64) string
+	}{
+		{"p99 ms", func(r result) float64 { return toMS(r.p99) }, func(x float64) string { return fmt.Sprintf("%.1f", x) }},
+		{"own CPU s/1k changes", func(r result) float64 { return r.ownCPU / float64(r.made) * 1000 }, func(x float64) string { return fmt.Sprintf("%.2f", x) }},
+		{"drained changes/s", func(r result) float64 { return r.drained }, func(x float64) string { return fmt.Sprintf("%.0f", x) }},
+	}
+	for _, rate := range res.Rates {
+		for _, q := range quantities {
+			fmt.Fprintf(&b, "| %d | %s |", rate, q.name)
+			for _, v := range present {
+				lo, med, hi := spanOf(results[cellKey{v, rate}], q.of)
+				fmt.Fprintf(&b, " %s (%s-%s) |", q.show(med), q.show(lo), q.show(hi))
+			}
+			b.WriteString("\n")
+		}
+	}
+	b.WriteString("\nThe bridge as a process against the references, median of its repetitions over theirs (and its worst repetition over their median):\n\n")
+	b.WriteString("| rate/s | quantity | against the raw informer | against the acked informer |\n| --- | --- | --- | --- |\n")
+	bridge := "student-bridge (process)"
+	for _, rate := range res.Rates {
+		for _, q := range quantities {
+			_, med, worst := spanOf(results[cellKey{bridge, rate}], q.of)
+			if q.name == "drained changes/s" {
+				worst, _, _ = spanOf(results[cellKey{bridge, rate}], q.of)
+			}
+			fmt.Fprintf(&b, "| %d | %s |", rate, q.name)
+			for _, ref := range summaryVariants[:2] {
+				_, refMed, _ := spanOf(results[cellKey{ref, rate}], q.of)
+				if refMed == 0 || med == 0 {
+					b.WriteString(" - |")
+					continue
+				}
+				fmt.Fprintf(&b, " %.2fx (%.2fx) |", med/refMed, worst/refMed)
+			}
+			b.WriteString("\n")
+		}
+	}
+	return b.String()
+}
+
+// spanOf is the lowest, median and highest of of over rs (0s without rs).
+func spanOf(rs []result, of func(result) float64) (lo, med, hi float64) {
+	if len(rs) == 0 {
+		return 0, 0, 0
+	}
+	d := make([]float64, len(rs))
+	for i, r := range rs {
+		d[i] = of(r)
+	}
+	slices.Sort(d)
+	return d[0], d[len(d)/2], d[len(d)-1]
+}

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// A block is rendered again from its results file, whatever it held; a
+// block of a kind or a file that does not exist is an error.
+func TestRenderBlocks(t *testing.T) {
+	root := t.TempDir()
+	res := Results{Date: "2026-12-03", Commit: "abc", Command: "bench -rates 100", Machine: Machine{CPUs: 2, OS: "linux", Arch: "amd64", Go: "go1.26.8"}}
+	if err := writeResults(filepath.Join(root, "run.json"), res); err != nil {
+		t.Fatal(err)
+	}
+	text := "before\n<!-- bench run.json run -->\nan old figure: 2.4x\n<!-- end bench -->\nafter\n"
+	out, err := renderBlocks(root, text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "before\n<!-- bench run.json run -->\n" + runLine(res) + "\n<!-- end bench -->\nafter\n"
+	if out != want {
+		t.Errorf("rendered\n%s\nwant\n%s", out, want)
+	}
+	if again, err := renderBlocks(root, out); err != nil || again != out {
+		t.Errorf("rendering twice changed the text: %v\n%s", err, again)
+	}
+	for _, bad := range []string{"<!-- bench run.json nothing -->\n<!-- end bench -->", "<!-- bench gone.json run -->\n<!-- end bench -->", "<!-- bench run.json counts -->\n<!-- end bench -->"} {
+		if _, err := renderBlocks(root, bad); err == nil {
+			t.Errorf("%q rendered without an error", bad)
+		}
+	}
+	if !strings.Contains(runLine(res), "`bench -rates 100`") {
+		t.Errorf("the run line does not give the command: %s", runLine(res))
+	}
+	_ = os.Remove(filepath.Join(root, "run.json"))
+}
