@@ -37,3 +37,11 @@ func TestRenderBlocks(t *testing.T) {
 	}
 	_ = os.Remove(filepath.Join(root, "run.json"))
 }
+
+func TestCommandQuotesForAShell(t *testing.T) {
+	got := command([]string{"-rates", "100,1000", "-only", "=raw-informer (process),=it's"})
+	want := `go run ./test/bench -rates '100,1000' -only '=raw-informer (process),=it'\''s'`
+	if got != want {
+		t.Errorf("command = %s, want %s", got, want)
+	}
+}

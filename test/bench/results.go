@@ -123,7 +123,7 @@ func newResults(o options, results map[cellKey][]result) Results {
 	res := Results{
 		Date:     time.Now().UTC().Format("2006-01-02"),
 		Commit:   commit(),
-		Command:  strings.Join(os.Args, " "),
+		Command:  command(os.Args[1:]),
 		Machine:  Machine{CPUs: runtime.NumCPU(), OS: runtime.GOOS, Arch: runtime.GOARCH, Go: runtime.Version()},
 		Reps:     o.reps,
 		Duration: o.duration.String(),
@@ -148,6 +148,19 @@ func (res Results) cells() map[cellKey][]result {
 		}
 	}
 	return out
+}
+
+// command is the command that runs the benchmark with args, as a shell
+// takes it.
+func command(args []string) string {
+	out := []string{"go run ./test/bench"}
+	for _, a := range args {
+		if strings.ContainsAny(a, " ()',\"$*") {
+			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+		out = append(out, a)
+	}
+	return strings.Join(out, " ")
 }
 
 // commit is the commit the run was built from, "+dirty" if the tree had
