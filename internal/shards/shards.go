@@ -129,6 +129,9 @@ type Manager struct {
 	inflight []int
 
 	renewed time.Time // the member Lease's last successful renewal
+	// member is the member Lease as this replica last wrote it: the next
+	// renewal updates it without reading it first.
+	member *coordinationv1.Lease
 
 	notifyMu sync.Mutex
 	notified int // the shards Held was last told of; -1 before the first
@@ -432,6 +435,20 @@ func (m *Manager) renewMember(ctx context.Context, now time.Time) error {
 		return nil
 	}
 	dur := max(int32(m.o.LeaseDuration/time.Second), 1)
+	if m.member != nil {
+		l := m.member.DeepCopy()
+		m.fill(l, now, dur)
+		err := m.o.Client.Update(ctx, l)
+		if err == nil {
+			m.member, m.renewed = l, now
+			return nil
+		}
+		m.member = nil
+		if !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			return fmt.Errorf("renew member Lease: %w", err)
+		}
+		// Written or removed by someone else: read it again.
+	}
 	name := m.memberLease()
 	var l coordinationv1.Lease
 	err := m.o.Client.Get(ctx, client.ObjectKey{Namespace: m.o.Namespace, Name: name}, &l)
@@ -447,7 +464,7 @@ func (m *Manager) renewMember(ctx context.Context, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("renew member Lease: %w", err)
 	}
-	m.renewed = now
+	m.member, m.renewed = &l, now
 	return nil
 }
 
