@@ -24,10 +24,12 @@ import (
 // fails when one differs from what its file renders.
 var docBlock = regexp.MustCompile(`(?s)(<!-- bench (\S+) (\S+) -->\n).*?(<!-- end bench -->)`)
 
-// docKinds render a block of each kind from a run's results.
+// docKinds render a block of each kind from a run's results: the run
+// (when, where, the command), the load tables (without the results file's
+// title), the summary of the bridge against the references, the counts.
 var docKinds = map[string]func(Results) (string, error){
 	"run":     func(res Results) (string, error) { return runLine(res), nil },
-	"load":    func(res Results) (string, error) { return loadTables(res), nil },
+	"load":    func(res Results) (string, error) { return strings.TrimPrefix(loadTables(res), loadTitle), nil },
 	"summary": func(res Results) (string, error) { return summaryTable(res), nil },
 	"counts": func(res Results) (string, error) {
 		if res.Counts == nil {

@@ -342,12 +342,15 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	return nil
 }
 
+// loadTitle is the title of a results file.
+const loadTitle = "## student-bridge benchmark\n\n"
+
 // loadTables are the load phase's tables of res: every cell, where the
 // time goes, capacity.
 func loadTables(res Results) string {
 	results := res.cells()
 	var b strings.Builder
-	fmt.Fprintf(&b, "## student-bridge benchmark\n\n%s, commit %s, %d CPUs, %s; %d reps of %s per cell, randomized order; median (min-max).\n\n",
+	fmt.Fprintf(&b, loadTitle+"%s, commit %s, %d CPUs, %s; %d reps of %s per cell, randomized order; median (min-max).\n\n",
 		res.Date, cmp.Or(res.Commit, "unknown"), res.Machine.CPUs, res.Machine.Go, res.Reps, res.Duration)
 	b.WriteString("| variant | rate/s | p50 ms | p99 ms | p99.9 ms | coverage | lost final | unobserved | dup | Student writes/change | k8s Events/change | CPU s/1k changes | own processes CPU s/1k changes | API server+etcd CPU s/1k changes | NATS messages sent/received per change | kept up |\n")
 	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
