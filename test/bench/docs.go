@@ -26,11 +26,13 @@ var docBlock = regexp.MustCompile(`(?s)(<!-- bench (\S+) (\S+) -->\n).*?(<!-- en
 
 // docKinds render a block of each kind from a run's results: the run
 // (when, where, the command), the load tables (without the results file's
-// title), the summary of the bridge against the references, the counts.
+// title), the summary of the bridge and the references and the bridge's
+// ratios to them, the counts.
 var docKinds = map[string]func(Results) (string, error){
 	"run":     func(res Results) (string, error) { return runLine(res), nil },
 	"load":    func(res Results) (string, error) { return strings.TrimPrefix(loadTables(res), loadTitle), nil },
-	"summary": func(res Results) (string, error) { return summaryTable(res), nil },
+	"summary": func(res Results) (string, error) { t, _ := summaryTables(res); return t, nil },
+	"ratios":  func(res Results) (string, error) { _, t := summaryTables(res); return t, nil },
 	"counts": func(res Results) (string, error) {
 		if res.Counts == nil {
 			return "", fmt.Errorf("no counts in this run")
@@ -116,13 +118,13 @@ func runLine(res Results) string {
 // process of its own: the two references and the bridge.
 var summaryVariants = []string{"raw-informer (process)", "raw-informer (process, acked)", "student-bridge (process)", "student-bridge (3 processes, 16 shards)"}
 
-// summaryTable compares the bridge as a process with the raw informer and
-// the acked informer at each rate: p99, its own CPU per change, what it
-// drained; median (min-max) of the repetitions, and the bridge's ratios
-// to both references.
-func summaryTable(res Results) string {
+// summaryTables compare the bridge as a process with the raw informer
+// and the acked informer at each rate: p99, its own CPU per change, what
+// it drained; median (min-max) of the repetitions, then the bridge's
+// ratios to both references.
+func summaryTables(res Results) (summary, ratios string) {
 	if len(res.Rates) == 0 {
-		return ""
+		return "", ""
 	}
 	results := res.cells()
 	var present []string
@@ -152,7 +154,9 @@ func summaryTable(res Results) string {
 			b.WriteString("\n")
 		}
 	}
-	b.WriteString("\nThe bridge as a process against the references, median of its repetitions over theirs (and its worst repetition over their median):\n\n")
+	summary = b.String()
+	b.Reset()
+	b.WriteString("The bridge as a process against the references, median of its repetitions over theirs (and its worst repetition over their median):\n\n")
 	b.WriteString("| rate/s | quantity | against the raw informer | against the acked informer |\n| --- | --- | --- | --- |\n")
 	bridge := "student-bridge (process)"
 	for _, rate := range res.Rates {
@@ -173,7 +177,7 @@ func summaryTable(res Results) string {
 			b.WriteString("\n")
 		}
 	}
-	return b.String()
+	return summary, b.String()
 }
 
 // spanOf is the lowest, median and highest of of over rs (0s without rs).
