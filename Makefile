@@ -78,13 +78,14 @@ run: build $(TEST_DEPS) ## Run the bridge on a local stack (kube-apiserver + etc
 	$(BIN)/student-bridge dev --assets $(KUBEBUILDER_ASSETS)
 
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Generate deepcopy code, the contract's JSON Schemas and AsyncAPI document, configs/student-bridge.yaml, the chart's values.schema.json and the Grafana dashboard.
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code, the contract's JSON Schemas and AsyncAPI document, configs/student-bridge.yaml, the chart's values.schema.json, the Grafana dashboard and the benchmark's figures in the docs (from docs/results).
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(GO) run ./hack/configdoc configs/student-bridge.yaml deploy/manager/student-bridge.yaml
 	$(GO) run ./hack/contractdoc
 	$(GO) run ./hack/chartschema $(CHART)/values.schema.json
 	$(GO) run ./hack/dashboard deploy/monitoring/dashboard.json
 	cp deploy/monitoring/dashboard.json deploy/monitoring/alerts.yaml $(CHART)/files/
+	$(GO) run ./test/bench -docs
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC under deploy/ (and their copies in the Helm chart).
@@ -96,9 +97,9 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC under deploy/ (and the
 .PHONY: verify-gen
 verify-gen: $(CONTROLLER_GEN) ## Fail if generated code or manifests are stale (regenerates them in place).
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	mkdir -p "$$tmp/deploy" && cp -r api configs "$$tmp/" && cp -r deploy/crd deploy/rbac deploy/manager deploy/helm deploy/monitoring "$$tmp/deploy/"; \
+	mkdir -p "$$tmp/deploy" && cp -r api configs docs README.md "$$tmp/" && cp -r deploy/crd deploy/rbac deploy/manager deploy/helm deploy/monitoring "$$tmp/deploy/"; \
 	$(MAKE) --no-print-directory -s generate manifests; \
-	if ! diff -r "$$tmp/api" api || ! diff -r "$$tmp/configs" configs || ! diff -r "$$tmp/deploy/crd" deploy/crd || \
+	if ! diff -r "$$tmp/api" api || ! diff -r "$$tmp/configs" configs || ! diff -r "$$tmp/docs" docs || ! diff "$$tmp/README.md" README.md || ! diff -r "$$tmp/deploy/crd" deploy/crd || \
 		! diff -r "$$tmp/deploy/rbac" deploy/rbac || ! diff -r "$$tmp/deploy/manager" deploy/manager || \
 		! diff -r "$$tmp/deploy/helm" deploy/helm || ! diff -r "$$tmp/deploy/monitoring" deploy/monitoring; then \
 		echo "generated files were stale and have been regenerated: review and commit them"; exit 1; fi
