@@ -179,18 +179,36 @@ func (r *Set) ReloadWhere(ctx context.Context, in func(studentv1.StudentRecord) 
 	if err != nil {
 		return fmt.Errorf("reload records: %w", err)
 	}
+	stored := make(map[types.UID]storedRecord, len(fresh))
+	for _, sr := range fresh {
+		stored[sr.rec.UID] = sr
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for uid, e := range r.byUID {
-		if in(e.rec) && !same[uid] {
-			r.dropLocked(uid)
+		if !in(e.rec) || same[uid] {
+			continue
 		}
+		// A record whose write failed is newer than the store's when
+		// the store holds an earlier number of the Student's events: its
+		// event is out, so it stays, unsaved, at the store's revision
+		// (as after a conflict, rereadLocked). Taking the store's would
+		// number the next event as the one already out.
+		if sr, ok := stored[uid]; ok && sr.rec.Published.StudentSequence < e.rec.Published.StudentSequence {
+			if _, unsaved := r.unsaved[uid]; unsaved {
+				e.revision = sr.revision
+				delete(stored, uid)
+				continue
+			}
+		}
+		r.dropLocked(uid)
 	}
 	for _, sr := range fresh {
-		if in(sr.rec) {
+		if _, ok := stored[sr.rec.UID]; ok && in(sr.rec) {
 			r.setLocked(sr.rec, sr.revision, true)
 		}
 	}
+	unsavedGauge.Set(float64(len(r.unsaved)))
 	recordsGauge.Set(float64(len(r.byUID)))
 	return nil
 }

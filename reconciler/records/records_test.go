@@ -3,6 +3,7 @@ package records_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -251,5 +252,64 @@ func TestConflictWithAnOlderRecordKeepsTheNewer(t *testing.T) {
 	stored, err := store.Get(ctx, "u")
 	if err != nil || !strings.Contains(string(stored.Value), `"id":"second"`) {
 		t.Errorf("the store holds %s, %v; want the second event's record", stored.Value, err)
+	}
+}
+
+// TestReloadKeepsAnUnsavedNewerRecord: a record whose write failed (its
+// event is out) survives a reload of its shard while the store holds an
+// earlier number of the Student's events, and is written over it at the
+// next flush; a newer record in the store (another replica published
+// since) replaces it.
+func TestReloadKeepsAnUnsavedNewerRecord(t *testing.T) {
+	ctx := context.Background()
+	store := &sinktest.Store{}
+	recs := records.New()
+	if err := recs.Load(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	rec := func(id string, seq int64) studentv1.StudentRecord {
+		return studentv1.StudentRecord{Namespace: "ns", Name: "s", UID: "u",
+			Published: studentv1.PublishedEvent{Type: studentv1.EventTypeUpdated, ID: id, StudentSequence: seq}}
+	}
+	if err := recs.Save(ctx, rec("third", 3)); err != nil {
+		t.Fatal(err)
+	}
+	store.Fail(fmt.Errorf("%w: no leader", sink.ErrUnavailable))
+	if err := recs.Save(ctx, rec("fourth", 4)); err == nil {
+		t.Fatal("the record was written while the store fails")
+	}
+	store.Fail(nil)
+	all := func(studentv1.StudentRecord) bool { return true }
+	if err := recs.ReloadWhere(ctx, all); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := recs.Get("u"); got.Published.ID != "fourth" || recs.Unsaved() != 1 {
+		t.Fatalf("after the reload the Set holds %s (%d unsaved), want the fourth, unsaved", got.Published.ID, recs.Unsaved())
+	}
+	if err := recs.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if stored, err := store.Get(ctx, "u"); err != nil || !strings.Contains(string(stored.Value), `"id":"fourth"`) {
+		t.Fatalf("the store holds %s, %v; want the fourth event's record", stored.Value, err)
+	}
+
+	// Another replica published the fifth meanwhile: the store's is newer.
+	store.Fail(fmt.Errorf("%w: no leader", sink.ErrUnavailable))
+	if err := recs.Save(ctx, rec("fifth, here", 5)); err == nil {
+		t.Fatal("the record was written while the store fails")
+	}
+	store.Fail(nil)
+	other := records.New()
+	if err := other.Load(ctx, store); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Save(ctx, rec("sixth, there", 6)); err != nil {
+		t.Fatal(err)
+	}
+	if err := recs.ReloadWhere(ctx, all); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := recs.Get("u"); got.Published.ID != "sixth, there" || recs.Unsaved() != 0 {
+		t.Errorf("after the reload the Set holds %s (%d unsaved), want the store's sixth, nothing unsaved", got.Published.ID, recs.Unsaved())
 	}
 }
