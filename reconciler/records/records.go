@@ -189,14 +189,11 @@ func (r *Set) ReloadWhere(ctx context.Context, in func(studentv1.StudentRecord) 
 		if !in(e.rec) || same[uid] {
 			continue
 		}
-		// A record whose write failed is newer than the store's when
-		// the store holds an earlier number of the Student's events: its
-		// event is out, so it stays, unsaved, at the store's revision
-		// (as after a conflict, rereadLocked). Taking the store's would
-		// number the next event as the one already out.
-		if sr, ok := stored[uid]; ok && sr.rec.Published.StudentSequence < e.rec.Published.StudentSequence {
-			if _, unsaved := r.unsaved[uid]; unsaved {
-				e.revision = sr.revision
+		// A record whose write failed (its event is out) stays over an
+		// older one in the store: taking the store's would number the
+		// next event as the one already out.
+		if _, unsaved := r.unsaved[uid]; unsaved {
+			if sr, ok := stored[uid]; ok && r.keepNewerLocked(uid, e, sr.rec, sr.revision) {
 				delete(stored, uid)
 				continue
 			}
@@ -544,12 +541,23 @@ func (r *Set) rereadLocked(ctx context.Context, uid types.UID, newer *entry) {
 	sr, ok := parseStored(key, rec)
 	switch {
 	case err != nil || !ok:
-	case newer != nil && sr.Published.StudentSequence < newer.rec.Published.StudentSequence:
-		newer.revision = rec.Revision
-		r.unsaved[uid] = struct{}{}
+	case newer != nil && r.keepNewerLocked(uid, newer, sr, rec.Revision):
 	default:
 		r.setLocked(sr, rec.Revision, true)
 	}
+}
+
+// keepNewerLocked keeps e, held for uid, over the store's record stored
+// at revision when the store's is older (an earlier number of the
+// Student's events): e stays, unsaved, at the store's revision, so that
+// its next write goes over that record. It reports whether it kept e.
+func (r *Set) keepNewerLocked(uid types.UID, e *entry, stored studentv1.StudentRecord, revision uint64) bool {
+	if stored.Published.StudentSequence >= e.rec.Published.StudentSequence {
+		return false
+	}
+	e.revision = revision
+	r.unsaved[uid] = struct{}{}
+	return true
 }
 
 // parseStored is the Student's record a store holds under key, with the
