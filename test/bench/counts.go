@@ -268,7 +268,7 @@ func (c *counter) quiet(ctx context.Context) error {
 	deadline := time.Now().Add(3 * time.Minute)
 	last, since := -1.0, time.Now()
 	for time.Now().Before(deadline) {
-		rd, err := c.read(ctx)
+		rd, err := c.readBridges()
 		if err != nil {
 			return err
 		}
@@ -293,6 +293,28 @@ func (c *counter) quiet(ctx context.Context) error {
 // read gathers the counts of the bridges that run, of the API server and
 // of the NATS server.
 func (c *counter) read(ctx context.Context) (reading, error) {
+	rd, err := c.readBridges()
+	if err != nil {
+		return rd, err
+	}
+	if rd.apiServer, err = apiServerRequests(ctx, c.e); err != nil {
+		return rd, err
+	}
+	connz, err := c.e.st.NATS.Server.Connz(&natsserver.ConnzOptions{State: natsserver.ConnAll, Limit: 1 << 20})
+	if err != nil {
+		return rd, err
+	}
+	for _, ci := range connz.Conns {
+		if ci.Name == "bench-counts" {
+			rd.natsServer += float64(ci.InMsgs)
+		}
+	}
+	return rd, nil
+}
+
+// readBridges gathers the counts of the bridges that run, from their
+// /metrics; quiet polls only these.
+func (c *counter) readBridges() (reading, error) {
 	rd := reading{at: time.Now(), jetstream: map[string]float64{}, stages: map[string]float64{}, api: map[string]float64{}}
 	for _, p := range c.r.procs {
 		families, err := stages.Gather(p.metrics)
@@ -313,19 +335,6 @@ func (c *counter) read(ctx context.Context) (reading, error) {
 					rd.stages[l["stage"]] += float64(m.GetHistogram().GetSampleCount())
 				}
 			}
-		}
-	}
-	var err error
-	if rd.apiServer, err = apiServerRequests(ctx, c.e); err != nil {
-		return rd, err
-	}
-	connz, err := c.e.st.NATS.Server.Connz(&natsserver.ConnzOptions{State: natsserver.ConnAll, Limit: 1 << 20})
-	if err != nil {
-		return rd, err
-	}
-	for _, ci := range connz.Conns {
-		if ci.Name == "bench-counts" {
-			rd.natsServer += float64(ci.InMsgs)
 		}
 	}
 	return rd, nil
