@@ -189,7 +189,13 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 }
 
 func (r *StudentReconciler) reconcileNormal(ctx context.Context, stu *studentv1.Student) error {
-	last := lastPublished(r.Records.Get(stu.UID))
+	rec, known := r.Records.Get(stu.UID)
+	last := lastPublished(rec, known)
+	if !known {
+		if behind, err := r.staleFirst(ctx, stu); err != nil || behind {
+			return err
+		}
+	}
 	if typ := contract.NextChange(stu, last); typ != "" {
 		if err := r.publish(ctx, stu, typ, last); err != nil {
 			return err
@@ -271,6 +277,35 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 	r.gone.Delete(key)
 	r.failures.Delete(key)
 	return ctrl.Result{}, nil
+}
+
+// staleFirst reports whether stu, which has no record here, is a state the
+// API server has left behind, so that its first event must not go out.
+// Among replicas, a replica that takes over a shard while its cache is
+// behind may still show a Student that the previous holder published as
+// deleted, and whose record it then removed: that state would go out as
+// created again. The first event of a Student's first generation has the
+// same id every time, so the stream drops such a copy as a duplicate; a
+// later generation's is a new event, so it is checked against the API
+// server first. A single bridge needs no check: its cache showed the
+// Student deleted before its record was removed.
+func (r *StudentReconciler) staleFirst(ctx context.Context, stu *studentv1.Student) (bool, error) {
+	if r.Shards == nil || stu.Generation <= 1 {
+		return false, nil
+	}
+	reader := r.APIReader
+	if reader == nil {
+		reader = r.Client
+	}
+	var live studentv1.Student
+	err := reader.Get(ctx, client.ObjectKeyFromObject(stu), &live)
+	if apierrors.IsNotFound(err) {
+		return true, nil // its watch event queues the name again
+	}
+	if err != nil {
+		return false, fmt.Errorf("look up %s: %w", client.ObjectKeyFromObject(stu), err)
+	}
+	return live.UID != stu.UID || live.Generation != stu.Generation || !live.DeletionTimestamp.IsZero(), nil
 }
 
 // Scope returns the InScope of a bridge that watches namespaces (none:

@@ -121,6 +121,16 @@ func (f *fixture) mustReconcile(name string) {
 	}
 }
 
+// withWatch is a client of the API server to wrap with an interceptor.
+func (f *fixture) withWatch() client.WithWatch {
+	f.t.Helper()
+	c, err := client.NewWithWatch(st.RestConfig, client.Options{Scheme: st.Client.Scheme()})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return c
+}
+
 // events returns the types of the published events, in order.
 func (f *fixture) events() []string {
 	var out []string
@@ -501,6 +511,80 @@ func TestConflictGivesUpTheShard(t *testing.T) {
 	f.requireEvents("created", "updated")
 }
 
+// TestCacheBehindPublishesNothingOlder: a replica that takes over a
+// shard while its cache is behind the previous holder's publishes nothing
+// for the older state it shows: neither an update back to it, nor a new
+// created after a published delete, whether the deleted Student's record
+// is still there or already removed. Its watch brings the newer state,
+// which is published already.
+func TestCacheBehindPublishesNothingOlder(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// change changes the Student "lagging", created and published,
+		// and returns the state of it a lagging cache shows.
+		change func(f *fixture, created *studentv1.Student) *studentv1.Student
+		want   []string
+	}{
+		{"updated twice", func(f *fixture, created *studentv1.Student) *studentv1.Student {
+			f.update("lagging", func(s *studentv1.Student) { s.Spec.School = "beijing" })
+			f.mustReconcile("lagging")
+			f.update("lagging", func(s *studentv1.Student) { s.Spec.School = "shanghai" })
+			f.mustReconcile("lagging")
+			return created
+		}, []string{"created", "updated", "updated"}},
+		{"deleted, its record still there", func(f *fixture, created *studentv1.Student) *studentv1.Student {
+			// The finalizer's removal fails, so the record says deleted
+			// while the Student is still there.
+			f.delete("lagging")
+			f.r.Client = interceptor.NewClient(f.withWatch(), interceptor.Funcs{
+				Patch: func(context.Context, client.WithWatch, client.Object, client.Patch, ...client.PatchOption) error {
+					return errors.New("the API server is away")
+				},
+			})
+			if err := f.reconcile("lagging"); err == nil {
+				t.Fatal("reconcile succeeded without removing the finalizer")
+			}
+			return created
+		}, []string{"created", "deleted"}},
+		{"updated, deleted and its record removed", func(f *fixture, _ *studentv1.Student) *studentv1.Student {
+			f.update("lagging", func(s *studentv1.Student) { s.Spec.School = "beijing" })
+			f.mustReconcile("lagging")
+			updated := f.get("lagging")
+			f.delete("lagging")
+			f.mustReconcile("lagging")
+			if _, ok := f.record(updated.UID); ok {
+				t.Fatal("the record outlived the Student")
+			}
+			return updated
+		}, []string{"created", "updated", "deleted"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, true)
+			f.create("lagging", nil)
+			f.mustReconcile("lagging")
+			lagging := tc.change(f, f.get("lagging"))
+			f.requireEvents(tc.want...)
+
+			// Another replica takes the shard over: it loads the records
+			// the first one wrote, and its cache shows the older state.
+			behind := interceptor.NewClient(f.withWatch(), interceptor.Funcs{
+				Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+					if s, ok := obj.(*studentv1.Student); ok && key.Name == "lagging" {
+						lagging.DeepCopyInto(s)
+						return nil
+					}
+					return c.Get(ctx, key, obj, opts...)
+				},
+			})
+			f.r = &reconciler.StudentReconciler{Client: behind, APIReader: st.Client, Sink: f.sink, Records: records.New(), Shards: &owner{},
+				HoldWithFinalizer: true, Recorder: nopRecorder{}, Cluster: "test"}
+			f.load()
+			f.mustReconcile("lagging")
+			f.requireEvents(tc.want...)
+		})
+	}
+}
+
 // TestCacheBehindIsNotAScopeExit: a Student the reconciler's cache does
 // not have (yet: a relist, a shard gained late) but the API server does
 // is looked at again, never published as having left the scope, when it
@@ -523,11 +607,7 @@ func TestCacheBehindIsNotAScopeExit(t *testing.T) {
 			f.requireEvents("created")
 
 			// The cache lacks it; the API server has it.
-			base, err := client.NewWithWatch(st.RestConfig, client.Options{Scheme: st.Client.Scheme()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			behind := interceptor.NewClient(base, interceptor.Funcs{
+			behind := interceptor.NewClient(f.withWatch(), interceptor.Funcs{
 				Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
 					if _, ok := obj.(*studentv1.Student); ok && key.Name == "lagging" {
 						return apierrors.NewNotFound(studentv1.GroupVersion.WithResource("students").GroupResource(), key.Name)

@@ -95,9 +95,15 @@ func NewEvent(cluster, eventType, id string, s *studentv1.Student, previous *stu
 
 // NextChange decides which event, if any, the current state of s needs, given
 // what was last published. Status, finalizer and annotation changes are not
-// changes; spec (generation) and label changes are.
+// changes; spec (generation) and label changes are. A state of an older
+// generation than the one last published needs nothing: it is a cache that
+// is behind (a replica that just took over the Student's shard, whose watch
+// has not yet shown what the previous holder published), and its watch
+// brings the newer state.
 func NextChange(s *studentv1.Student, last *studentv1.PublishedEvent) string {
 	switch {
+	case last != nil && s.Generation < last.Generation:
+		return ""
 	case !s.DeletionTimestamp.IsZero():
 		if last != nil && last.Type == studentv1.EventTypeDeleted {
 			return ""

@@ -41,6 +41,8 @@ func TestNextChange(t *testing.T) {
 		{"deleting", deleting, published(studentv1.EventTypeUpdated, 1, nil), studentv1.EventTypeDeleted},
 		{"deleting, never published", deleting, nil, studentv1.EventTypeDeleted},
 		{"deleting, delete already published", deleting, published(studentv1.EventTypeDeleted, 2, nil), ""},
+		{"a cache behind what was published", student(1, "china", nil), published(studentv1.EventTypeUpdated, 3, nil), ""},
+		{"a cache behind a published delete", student(1, "china", nil), published(studentv1.EventTypeDeleted, 2, nil), ""},
 	}
 	for _, tc := range cases {
 		if got := contract.NextChange(tc.s, tc.last); got != tc.want {
