@@ -10,14 +10,6 @@ import (
 	"gonum.org/v1/plot/vg"
 )
 
-// memPoint is the bridge process's memory at one count of Students.
-type memPoint struct {
-	students                                              int
-	rssPublishing, rssSteady, rssAfterLimited, rssLimited float64       // MB; limited: with the deployments' memoryLimit, after a restart and steady
-	heapPublishing, heapSteady                            float64       // MB
-	restart, informer                                     time.Duration // until every Student was reconciled; a raw informer's sync
-}
-
 // latencyChart draws each variant's p99 latency (the median of its
 // repetitions) against the rate, both on log scales when there are rates
 // enough, into an SVG file.
@@ -51,44 +43,47 @@ func latencyChart(path string, rates []int, results map[cellKey][]result) error 
 
 // memoryChart draws the bridge's RSS and Go heap against the Students it
 // watches: while publishing them, after a restart, and steady.
-func memoryChart(path string, points []memPoint) error {
+func memoryChart(path string, s Scale) error {
 	p := plot.New()
 	p.Title.Text = "Memory of the bridge process against the Students it watches"
 	p.X.Label.Text = "Students"
 	p.Y.Label.Text = "MB"
+	// The process with no Student, never restarted, is every series'
+	// first point.
+	rest := ScaleCount{Publishing: s.Rest, Steady: s.Rest, AfterRestartLimited: s.Rest, SteadyLimited: Memory{RSSMB: s.Rest.RSSMB}}
 	series := []struct {
 		name string
-		of   func(memPoint) float64
+		of   func(ScaleCount) float64
 	}{
-		{"RSS, publishing", func(m memPoint) float64 { return m.rssPublishing }},
-		{"RSS, steady", func(m memPoint) float64 { return m.rssSteady }},
-		{"RSS after a restart, memoryLimit " + deployedMemoryLimit, func(m memPoint) float64 { return m.rssAfterLimited }},
-		{"RSS, steady with memoryLimit " + deployedMemoryLimit, func(m memPoint) float64 { return m.rssLimited }},
-		{"heap in use, publishing", func(m memPoint) float64 { return m.heapPublishing }},
-		{"heap in use, steady", func(m memPoint) float64 { return m.heapSteady }},
+		{"RSS, publishing", func(c ScaleCount) float64 { return c.Publishing.RSSMB }},
+		{"RSS, steady", func(c ScaleCount) float64 { return c.Steady.RSSMB }},
+		{"RSS after a restart, memoryLimit " + s.MemoryLimit, func(c ScaleCount) float64 { return c.AfterRestartLimited.RSSMB }},
+		{"RSS, steady with memoryLimit " + s.MemoryLimit, func(c ScaleCount) float64 { return c.SteadyLimited.RSSMB }},
+		{"heap in use, publishing", func(c ScaleCount) float64 { return c.Publishing.HeapMB }},
+		{"heap in use, steady", func(c ScaleCount) float64 { return c.Steady.HeapMB }},
 	}
 	var lines []any
-	for _, s := range series {
-		pts := make(plotter.XYs, len(points))
-		for i, m := range points {
-			pts[i] = plotter.XY{X: float64(m.students), Y: s.of(m)}
+	for _, se := range series {
+		pts := plotter.XYs{{X: 0, Y: se.of(rest)}}
+		for _, c := range s.Counts {
+			pts = append(pts, plotter.XY{X: float64(c.Students), Y: se.of(c)})
 		}
-		lines = append(lines, s.name, pts)
+		lines = append(lines, se.name, pts)
 	}
 	return save(p, path, lines)
 }
 
 // restartChart draws the time a restart takes until every Student is
 // reconciled, and a raw informer's sync, against the Students.
-func restartChart(path string, points []memPoint) error {
+func restartChart(path string, s Scale) error {
 	p := plot.New()
 	p.Title.Text = "Restart with every Student published"
 	p.X.Label.Text = "Students"
 	p.Y.Label.Text = "seconds"
 	var restart, informer plotter.XYs
-	for _, m := range points[1:] { // the first is the process with no Student, never restarted
-		restart = append(restart, plotter.XY{X: float64(m.students), Y: m.restart.Seconds()})
-		informer = append(informer, plotter.XY{X: float64(m.students), Y: m.informer.Seconds()})
+	for _, c := range s.Counts {
+		restart = append(restart, plotter.XY{X: float64(c.Students), Y: median(msList(c.Restart.CaughtUpMs)).Seconds()})
+		informer = append(informer, plotter.XY{X: float64(c.Students), Y: median(msList(c.Restart.InformerProcessMs)).Seconds()})
 	}
 	if len(restart) == 0 {
 		return nil

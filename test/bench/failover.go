@@ -34,10 +34,11 @@ const failoverPerShard = 10
 // changes some Students of every shard at once and reports how long the
 // changes of the killed replica's shards waited for their events, and how
 // much of it the survivors spent loading the shards they gained.
-func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (string, error) {
+func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (Failover, error) {
+	out := Failover{Students: len(names), PerShard: failoverPerShard}
 	bins, err := e.prepare()
 	if err != nil {
-		return "", err
+		return out, err
 	}
 	const stream, prefix, id = "BENCHFO", "benchfo", "bench-failover"
 	args := []string{"--kubeconfig", bins.config, "--nats-url", e.st.NATS.URL(), "--namespaces", ns,
@@ -72,21 +73,18 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (st
 			replicas = append(replicas, r)
 		}
 		if err != nil {
-			return "", err
+			return out, err
 		}
 	}
 	t0 := time.Now()
 	if err := waitStreamMsgs(ctx, e, stream, before+uint64(len(names)), 30*time.Minute); err != nil {
-		return "", err
+		return out, err
 	}
-	published := time.Since(t0)
+	out.PublishedMs = toMS(time.Since(t0))
 	time.Sleep(5 * time.Second)
-	var b strings.Builder
-	fmt.Fprintf(&b, "\nFailover at %d Students: three replicas over 16 shards as processes, Lease timing as shipped (15s / 10s / 2s), no Kubernetes Events; "+
-		"every Student published by them after %s. Memory of each replica at rest:", len(names), rounded(published))
-	for i, r := range replicas {
-		fmt.Fprintf(&b, " replica %d RSS %.1f MB, heap %.1f MB (%v shards);", i+1, float64(procStatus(r.cmd.Process.Pid, "VmRSS"))/1024,
-			metric(r.metrics, "go_memstats_heap_inuse_bytes")/1e6, metric(r.metrics, "student_bridge_shards_held"))
+	for _, r := range replicas {
+		out.Replicas = append(out.Replicas, ReplicaAtRest{Memory: memoryOf(procStatus(r.cmd.Process.Pid, "VmRSS"), metric(r.metrics, "go_memstats_heap_inuse_bytes")/1e6),
+			Shards: metric(r.metrics, "student_bridge_shards_held")})
 	}
 
 	// The survivors-to-be restart once, as a rolling update would: a
@@ -100,11 +98,11 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (st
 			replicas[i] = r
 		}
 		if err != nil {
-			return "", err
+			return out, err
 		}
 	}
 	if err := settled(ctx, e, &run{ns: ns}, len(replicas), 16, 3*time.Minute); err != nil {
-		return "", err
+		return out, err
 	}
 	// ... and are done starting: records loaded, cache synced, nothing
 	// queued by a catch-up.
@@ -116,13 +114,13 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (st
 		}
 		return nil
 	}); err != nil {
-		return "", err
+		return out, err
 	}
 	time.Sleep(5 * time.Second)
 
 	holdersBefore, err := shardHolders(ctx, e, ns, id)
 	if err != nil {
-		return "", err
+		return out, err
 	}
 	survivors := replicas[1:]
 	loadCount0, loadSum0 := 0.0, 0.0
@@ -150,7 +148,7 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (st
 		}
 	})
 	if err != nil {
-		return "", err
+		return out, err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 
@@ -163,7 +161,7 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (st
 		for _, name := range group {
 			s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
 			if err := e.st.Client.Patch(ctx, s, client.RawPatch(types.MergePatchType, []byte(`{"spec":{"school":"failover"}}`))); err != nil {
-				return "", err
+				return out, err
 			}
 			changed++
 		}
@@ -176,11 +174,11 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (st
 		}
 		return nil
 	}); err != nil {
-		return "", err
+		return out, err
 	}
 	holdersAfter, err := shardHolders(ctx, e, ns, id)
 	if err != nil {
-		return "", err
+		return out, err
 	}
 	var moved, stayed []time.Duration
 	movedShards := 0
@@ -198,7 +196,7 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (st
 		}
 	}
 	if len(moved) == 0 {
-		return "", fmt.Errorf("failover: no shard changed hands after the kill")
+		return out, fmt.Errorf("failover: no shard changed hands after the kill")
 	}
 	slices.Sort(moved)
 	slices.Sort(stayed)
@@ -213,10 +211,9 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (st
 		}
 		return d[len(d)-1]
 	}
-	fmt.Fprintf(&b, "\nThe other two restarted once (as a rolling update would), then one replica SIGKILLed, %d Students of every shard changed at once: the changes of its %d shards published after %s (first) to %s (last) from the kill; "+
-		"of the other shards' after at most %s. The survivors loaded the gained shards in %.0f loads taking %s in all (of the pause).\n",
-		failoverPerShard, movedShards, rounded(moved[0]), rounded(last(moved)), rounded(last(stayed)), loads, rounded(time.Duration(loadSum*float64(time.Second))))
-	return b.String(), nil
+	out.MovedShards, out.MovedFirstMs, out.MovedLastMs, out.StayedLastMs = movedShards, toMS(moved[0]), toMS(last(moved)), toMS(last(stayed))
+	out.Loads, out.LoadsMs = loads, loadSum*1000
+	return out, nil
 }
 
 // shardHolders maps every shard of the bridge id to the replica holding it.

@@ -306,14 +306,13 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 		fmt.Fprintf(&b, "\n%s at %d/s: a service's receipt shows on the Student after p50 %s, p99 %s (%d of %d applied changes seen in sync; the others were coalesced into a later status write of the same Student).\n",
 			v.name, rate, lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)*99/100].Round(time.Millisecond), len(lat), applied)
 	})
-	var memory []memPoint
 	if len(o.students) > 0 {
-		mem, points, err := memoryAndRestart(ctx, e, o.students, o.memorySettle)
+		s, err := memoryAndRestart(ctx, e, o.students, o.memorySettle)
 		if err != nil {
 			return fmt.Errorf("memory and restart: %w", err)
 		}
-		b.WriteString("\n" + mem)
-		memory = points
+		b.WriteString("\n" + scaleTables(s))
+		data.Scale = &s
 	}
 	fmt.Fprint(stdout, b.String())
 	if o.out == "" {
@@ -333,11 +332,11 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	if err := latencyChart(filepath.Join(dir, "latency.svg"), o.rates, results); err != nil {
 		return err
 	}
-	if len(memory) > 0 {
-		if err := memoryChart(filepath.Join(dir, "memory.svg"), memory); err != nil {
+	if data.Scale != nil {
+		if err := memoryChart(filepath.Join(dir, "memory.svg"), *data.Scale); err != nil {
 			return err
 		}
-		return restartChart(filepath.Join(dir, "restart.svg"), memory)
+		return restartChart(filepath.Join(dir, "restart.svg"), *data.Scale)
 	}
 	return nil
 }

@@ -55,15 +55,17 @@ const settleWindow = 10 * time.Second
 // time a restart takes to catch up with them against a raw informer's
 // sync, the same restart under a stream of live changes, and what the
 // restarts republished.
-func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound time.Duration) (string, []memPoint, error) {
+func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound time.Duration) (Scale, error) {
+	out := Scale{SettleWindow: settleWindow.String(), SettleBound: settleBound.String(), MemoryLimit: deployedMemoryLimit,
+		RestartReps: restartReps, LoadRate: loadRate, LoadDeletes: loadDeletes, LoadSteady: loadSteady.String()}
 	bins, err := e.prepare()
 	if err != nil {
-		return "", nil, err
+		return out, err
 	}
 	bin, kubeconfig := bins.bridge, bins.config
 	const ns, stream, prefix = "bench-memory", "BENCHMEM", "benchmem"
 	if err := newNamespace(ctx, e, ns, true); err != nil {
-		return "", nil, err
+		return out, err
 	}
 	metricsAddr, healthAddr, pprofAddr := freeAddr(), freeAddr(), freeAddr()
 	args := []string{"--kubeconfig", kubeconfig, "--nats-url", e.st.NATS.URL(), "--leader-elect=false",
@@ -86,7 +88,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 	}
 	cmd, _, err := startProc()
 	if err != nil {
-		return "", nil, err
+		return out, err
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	time.Sleep(2 * time.Second)
@@ -146,94 +148,64 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 	// start's list leaves its peak in RSS for a while; a dashboard at
 	// rest shows the settled figure. It reports how long settling took,
 	// "(bound)" when it did not settle.
-	settled := func() (rssKB int64, heapMB float64, took string) {
+	settled := func() (m Memory, tookMS float64, bounded bool) {
 		t0 := time.Now()
 		var window []int64 // one sample a second
 		for {
-			rssKB, heapMB = sample()
+			rssKB, heapMB := sample()
 			window = append(window, rssKB)
 			if len(window) > int(settleWindow/time.Second)+1 {
 				window = window[1:]
 			}
-			took = time.Since(t0).Round(time.Second).String()
+			m, tookMS = memoryOf(rssKB, heapMB), toMS(time.Since(t0))
 			gcSince := metric(metrics, "go_memstats_last_gc_time_seconds") > float64(t0.Add(-3*time.Second).UnixNano())/1e9
 			if gcSince && len(window) > int(settleWindow/time.Second) && float64(slices.Max(window)-slices.Min(window)) < 0.01*float64(rssKB) {
-				return
+				return m, tookMS, false
 			}
 			if time.Since(t0) > settleBound {
-				return rssKB, heapMB, took + " (bound)"
+				return m, tookMS, true
 			}
 			time.Sleep(time.Second)
 		}
 	}
+	// now is the process's memory now.
+	now := func() Memory { return memoryOf(sample()) }
 
-	var b, restarts, loadedRestarts strings.Builder
-	b.WriteString("Memory of the bridge process (RSS and Go heap in use, from its own /metrics). \"Publishing\" is 3 s after the " +
-		"last of the Students was published, with what creating them left for the garbage collector. " +
-		"\"Steady\" is after a restart with every Student already published, the cost of watching them, once settled: " +
-		"after a garbage collection, RSS moving less than 1% in " + settleWindow.String() + " (bounded at " + settleBound.String() + "); " +
-		"\"after a restart\" is 3 s after its catch-up ended, with the list's peak still held: what a memory limit must allow. " +
-		"Without a memory limit, and with the deployments' memoryLimit (" + deployedMemoryLimit + ": GOMEMLIMIT 90% of it).\n\n" +
-		"| Students | RSS MB publishing | heap MB publishing | RSS MB after a restart | RSS MB steady | heap MB steady | settled after | " +
-		"RSS MB after a restart, memoryLimit | RSS MB steady, memoryLimit | heap MB steady, memoryLimit | settled after |\n" +
-		"| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
-	fmt.Fprintf(&restarts, "\nRestart with every Student published: ready (/readyz), caught up (the start's catch-up ended: every Student that needed a reconcile had it; "+
-		"one published as it is needs none), against a raw informer's sync of the same Students (a new cache, list and watch): "+
-		"started as a process of its own, as a controller restarts (the reference), and in the benchmark's running process. "+
-		"Restarts and the informer's process alternate, %d of each: median (min-max); ready is of the first.\n\n"+
-		"| Students | ready | caught up | of it, the catch-up | raw informer process: synced after | caught up / informer process | raw informer in this process: synced after | caught up / it |\n"+
-		"| --- | --- | --- | --- | --- | --- | --- | --- |\n", restartReps)
-	fmt.Fprintf(&loadedRestarts, "\nRestart under load: a generator changes Students at %d/s; the bridge is stopped, %d Students are deleted (per count, at most a tenth), "+
-		"and it starts again while the changes go on. The idle catch-up is the median of the restarts above. Steady is the live changes' latency (change to its event on NATS) in the %s before the stop; "+
-		"during the catch-up, of the changes made from the start until the catch-up ended, and of those made after the bridge could publish "+
-		"(student_bridge_publishing_start_time_seconds: its records loaded and its cache synced; nothing is published before), and how long after the start that was. "+
-		"The reference: a raw informer started as a process under the same load (as the restarts' reference, the bridge running), how long until it synced, "+
-		"and how long the changes made from its start until then took to reach it: a change made while a controller lists waits for the list.\n\n"+
-		"| Students | catch-up, idle | catch-up, under load | ratio | deletes made while down, published after | live p50 / p99 ms, steady | live p50 / p99 ms, during the catch-up | p99 ratio | "+
-		"could publish after | live p50 / p99 ms, after it could publish | p99 ratio | "+
-		"raw informer, synced after | its live p50 / p99 ms during its start | bridge / informer p99 |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
-		loadRate, loadDeletes, loadSteady)
-	rss0, heap0 := sample()
-	fmt.Fprintf(&b, "| 0 | %.1f | %.1f | - | %.1f | %.1f | - | - | - | - | - |\n", float64(rss0)/1024, heap0, float64(rss0)/1024, heap0)
-	points := []memPoint{{students: 0, rssPublishing: float64(rss0) / 1024, rssSteady: float64(rss0) / 1024, rssAfterLimited: float64(rss0) / 1024,
-		rssLimited: float64(rss0) / 1024, heapPublishing: heap0, heapSteady: heap0}}
+	out.Rest = now()
 	created := 0
 	deleted := map[string]bool{} // by the restarts under load
-	steady := map[int]int64{}
-	steadyLimited := map[int]int64{}
 	for _, n := range counts {
 		if limited {
 			stop()
 			limited = false
 			if _, _, _, err := start(); err != nil {
-				return "", nil, err
+				return out, err
 			}
 		}
 		before := streamMsgs(ctx, e, stream)
 		if err := createStudents(ctx, e, ns, created, n); err != nil {
-			return "", nil, err
+			return out, err
 		}
 		if err := waitStreamMsgs(ctx, e, stream, before+uint64(n-created), 20*time.Minute); err != nil {
-			return "", nil, err
+			return out, err
 		}
 		created = n
 		time.Sleep(3 * time.Second) // status writes and Events after the last publish
-		rss, heap := sample()
+		c := ScaleCount{Students: n, Publishing: now()}
 		profile(pprofAddr, fmt.Sprintf("heap-%d-publishing.pb.gz", n))
 
 		// Restart with every Student already published. The new process
 		// counts every publish it makes, also copies the stream would drop.
 		ready, caughtUp, catchUp, err := idleRestart()
 		if err != nil {
-			return "", nil, err
+			return out, err
 		}
-		rssAfter, _ := sample()
-		rssSteady, heapSteady, settledIn := settled()
-		steady[n] = rssSteady
+		c.AfterRestart = now()
+		c.Steady, c.SettledMs, c.Bounded = settled()
 		profile(pprofAddr, fmt.Sprintf("heap-%d-steady.pb.gz", n))
 		sync, err := informerSync(ctx, e, ns)
 		if err != nil {
-			return "", nil, err
+			return out, err
 		}
 		// The restart against a raw informer started as a process, which
 		// pays what any controller's start does (a new process, discovery,
@@ -244,92 +216,73 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 		for i := range restartReps {
 			d, err := informerProcessSync(bins, ns)
 			if err != nil {
-				return "", nil, err
+				return out, err
 			}
 			syncsOf = append(syncsOf, d)
 			if i == restartReps-1 {
 				break
 			}
-			_, d, c, err := idleRestart()
+			_, d, cu, err := idleRestart()
 			if err != nil {
-				return "", nil, err
+				return out, err
 			}
-			restartsOf, catchUps = append(restartsOf, d), append(catchUps, c)
+			restartsOf, catchUps = append(restartsOf, d), append(catchUps, cu)
 		}
-		slices.Sort(restartsOf)
-		slices.Sort(catchUps)
-		slices.Sort(syncsOf)
 		var live []string
 		for i := range created {
 			if name := fmt.Sprintf("m-%d", i); !deleted[name] {
 				live = append(live, name)
 			}
 		}
-		fmt.Fprintf(&restarts, "| %d | %s | %s | %s | %s | %.2fx | %s | %.2fx |\n", len(live), rounded(ready), spreadAs(restartsOf, rounded), spreadAs(catchUps, rounded),
-			spreadAs(syncsOf, rounded), median(restartsOf).Seconds()/median(syncsOf).Seconds(), rounded(sync), median(restartsOf).Seconds()/sync.Seconds())
+		c.Restart = Restart{Students: len(live), ReadyMs: toMS(ready), CaughtUpMs: sortedMS(restartsOf), CatchUpMs: sortedMS(catchUps),
+			InformerProcessMs: sortedMS(syncsOf), InformerMs: toMS(sync)}
 
-		row, gone, err := restartUnderLoad(ctx, e, bins, ns, prefix, metrics, live, median(catchUps), stop, start)
+		var gone []string
+		c.UnderLoad, gone, err = restartUnderLoad(ctx, e, bins, ns, prefix, metrics, live, median(catchUps), stop, start)
 		if err != nil {
-			return "", nil, err
+			return out, err
 		}
 		for _, name := range gone {
 			deleted[name] = true
 		}
-		loadedRestarts.WriteString(row)
 
 		// The same Students, with the deployments' memory limit.
 		limited = true
 		if _, _, _, err := idleRestart(); err != nil {
-			return "", nil, err
+			return out, err
 		}
-		rssAfterLimited, _ := sample()
-		rssLimited, heapLimited, settledLimitedIn := settled()
-		steadyLimited[n] = rssLimited
-		fmt.Fprintf(&b, "| %d | %.1f | %.1f | %.1f | %.1f | %.1f | %s | %.1f | %.1f | %.1f | %s |\n", n, float64(rss)/1024, heap,
-			float64(rssAfter)/1024, float64(steady[n])/1024, heapSteady, settledIn,
-			float64(rssAfterLimited)/1024, float64(rssLimited)/1024, heapLimited, settledLimitedIn)
-		points = append(points, memPoint{students: n, rssPublishing: float64(rss) / 1024, rssSteady: float64(steady[n]) / 1024,
-			rssAfterLimited: float64(rssAfterLimited) / 1024, rssLimited: float64(rssLimited) / 1024,
-			heapPublishing: heap, heapSteady: heapSteady, restart: median(restartsOf), informer: median(syncsOf)})
+		c.AfterRestartLimited = now()
+		c.SteadyLimited, c.SettledLimitedMs, c.BoundedLimited = settled()
+		out.Counts = append(out.Counts, c)
 	}
-	lo, hi := counts[0], counts[len(counts)-1]
-	if hi > lo {
-		fmt.Fprintf(&b, "\nSteady RSS slope between %d and %d Students: %.2f KB per Student (with memoryLimit: %.2f KB); at %d, %.2f KB per Student (%.2f KB with memoryLimit), the process at rest with none subtracted.\n",
-			lo, hi, float64(steady[hi]-steady[lo])/float64(hi-lo), float64(steadyLimited[hi]-steadyLimited[lo])/float64(hi-lo),
-			hi, float64(steady[hi]-rss0)/float64(hi), float64(steadyLimited[hi]-rss0)/float64(hi))
-	}
-	b.WriteString(restarts.String())
-	b.WriteString(loadedRestarts.String())
 
 	// Two services' receipts for every Student, written as the services
 	// would: what the bridge holds for them.
 	stop()
 	limited = false
 	if _, _, _, err := start(); err != nil {
-		return "", nil, err
+		return out, err
 	}
-	rssBefore, heapBefore := sample()
+	out.Receipts.Before = now()
 	nReceipts, err := writeReceipts(ctx, e, stream, benchServices)
 	if err != nil {
-		return "", nil, err
+		return out, err
 	}
 	deadline := time.Now().Add(10 * time.Minute)
 	for metric(metrics, `student_bridge_receipts_total{result="applied"}`) < float64(nReceipts) {
 		if time.Now().After(deadline) {
-			return "", nil, fmt.Errorf("the bridge did not read %d receipts within 10 minutes", nReceipts)
+			return out, fmt.Errorf("the bridge did not read %d receipts within 10 minutes", nReceipts)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(3 * time.Second) // the status writes they cause
-	rssReceipts, heapReceipts := sample()
+	out.Receipts.Read = now()
 	if _, _, _, err = idleRestart(); err != nil {
-		return "", nil, err
+		return out, err
 	}
-	rssSteadyR, heapSteadyR, _ := settled()
-	live := created - len(deleted)
-	fmt.Fprintf(&b, "\nWith two services' receipts for each of the %d Students (%d receipts): RSS %.1f MB, heap %.1f MB once read (%.1f MB, %.1f MB before); steady after a restart RSS %.1f MB, heap %.1f MB: %.2f KB RSS per Student more than without (steady).\n",
-		live, nReceipts, float64(rssReceipts)/1024, heapReceipts, float64(rssBefore)/1024, heapBefore, float64(rssSteadyR)/1024, heapSteadyR, float64(rssSteadyR-steady[hi])/float64(live))
-	fmt.Fprintf(&b, "\nEvents republished by the restarts with every Student published: %d.\n", republished)
+	out.Receipts.Steady, _, _ = settled()
+	out.Receipts.Students, out.Receipts.Receipts = created-len(deleted), nReceipts
+	out.Republished = republished
 
 	// The same Students, published again by three replicas over shards.
 	stop()
@@ -339,12 +292,20 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 			names = append(names, name)
 		}
 	}
-	failover, err := failoverAtScale(ctx, e, ns, names)
-	if err != nil {
-		return "", nil, fmt.Errorf("failover: %w", err)
+	if out.Failover, err = failoverAtScale(ctx, e, ns, names); err != nil {
+		return out, fmt.Errorf("failover: %w", err)
 	}
-	b.WriteString(failover)
-	return b.String(), points, nil
+	return out, nil
+}
+
+// sortedMS are d in milliseconds, sorted.
+func sortedMS(d []time.Duration) []float64 {
+	slices.Sort(d)
+	out := make([]float64, len(d))
+	for i, x := range d {
+		out[i] = toMS(x)
+	}
+	return out
 }
 
 // The load of a restart under load.
@@ -367,11 +328,12 @@ func changeMadeAt(school string) (int64, bool) {
 
 // restartUnderLoad changes the Students live (all published) at loadRate
 // per second, stops the bridge, deletes some, starts it again while the
-// changes go on and reports a row of the table: the catch-up against idle
-// (the idle restart's), when the deletes were published and the live
-// changes' latency. It returns the Students it deleted.
+// changes go on and reports the catch-up against idle (the idle
+// restart's), when the deletes were published and the live changes'
+// latency. It returns the Students it deleted.
 func restartUnderLoad(ctx context.Context, e *env, bins *binaries, ns, prefix, metricsURL string, live []string, idle time.Duration,
-	stop func(), start func() (ready, caughtUp, catchUp time.Duration, err error)) (string, []string, error) {
+	stop func(), start func() (ready, caughtUp, catchUp time.Duration, err error)) (RestartUnderLoad, []string, error) {
+	var out RestartUnderLoad
 	n := len(live)
 	doomed := min(loadDeletes, n/10)
 	// The last ones are deleted; the others change.
@@ -404,7 +366,7 @@ func restartUnderLoad(ctx context.Context, e *env, bins *binaries, ns, prefix, m
 		}
 	})
 	if err != nil {
-		return "", nil, err
+		return out, nil, err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 
@@ -434,20 +396,20 @@ func restartUnderLoad(ctx context.Context, e *env, bins *binaries, ns, prefix, m
 	for name := range gone {
 		s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
 		if err := e.st.Client.Delete(ctx, s); err != nil {
-			return "", nil, fmt.Errorf("delete %s while the bridge is down: %w", name, err)
+			return out, nil, fmt.Errorf("delete %s while the bridge is down: %w", name, err)
 		}
 	}
 	started := time.Now()
 	_, caughtUp, catchUp, err := start()
 	if err != nil {
-		return "", nil, err
+		return out, nil, err
 	}
 	catchUpEnd := started.Add(caughtUp)
 	// Nothing can be published before the records are loaded and the
 	// cache synced: the bridge says when that was.
 	since := metric(metricsURL, "student_bridge_publishing_start_time_seconds")
 	if since == 0 {
-		return "", nil, fmt.Errorf("restart under load: the bridge says it never could publish")
+		return out, nil, fmt.Errorf("restart under load: the bridge says it never could publish")
 	}
 	publishing := time.Unix(0, int64(since*1e9))
 	time.Sleep(2 * time.Second)
@@ -455,7 +417,7 @@ func restartUnderLoad(ctx context.Context, e *env, bins *binaries, ns, prefix, m
 	// load. A change made while it lists waits for the list as well.
 	rawSynced, rawDuring, err := informerProcessStartUnderLoad(bins, ns)
 	if err != nil {
-		return "", nil, err
+		return out, nil, err
 	}
 	endLoad()
 	<-loadDone
@@ -467,7 +429,7 @@ func restartUnderLoad(ctx context.Context, e *env, bins *binaries, ns, prefix, m
 		}
 		return nil
 	}); err != nil {
-		return "", nil, err
+		return out, nil, err
 	}
 	time.Sleep(time.Second) // the last live changes' events
 
@@ -494,25 +456,10 @@ func restartUnderLoad(ctx context.Context, e *env, bins *binaries, ns, prefix, m
 	slices.Sort(before)
 	slices.Sort(during)
 	slices.Sort(afterStart)
-	p := func(d []time.Duration, q int) time.Duration {
-		if len(d) == 0 {
-			return 0
-		}
-		return d[len(d)*q/100]
-	}
-	// ratio is a's p99 over b's, "-" without both.
-	ratio := func(a, b []time.Duration) string {
-		if p(b, 99) == 0 || len(a) == 0 {
-			return "-"
-		}
-		return fmt.Sprintf("%.1fx", p(a, 99).Seconds()/p(b, 99).Seconds())
-	}
-	row := fmt.Sprintf("| %d | %s | %s | %.2fx | %d, %s after the start | %s / %s | %s / %s (%d changes) | %s | %s | %s / %s (%d changes) | %s | %s | %s / %s (%d changes) | %s |\n",
-		n, rounded(idle), rounded(catchUp), catchUp.Seconds()/idle.Seconds(), doomed, rounded(lastDelete.Sub(started)),
-		ms(p(before, 50)), ms(p(before, 99)), ms(p(during, 50)), ms(p(during, 99)), len(during), ratio(during, before),
-		rounded(publishing.Sub(started)), ms(p(afterStart, 50)), ms(p(afterStart, 99)), len(afterStart), ratio(afterStart, before),
-		rounded(rawSynced), ms(p(rawDuring, 50)), ms(p(rawDuring, 99)), len(rawDuring), ratio(during, rawDuring))
-	return row, deleted, nil
+	out = RestartUnderLoad{Students: n, IdleCatchUpMs: toMS(idle), CatchUpMs: toMS(catchUp), Deletes: doomed, DeletesPublishedMs: toMS(lastDelete.Sub(started)),
+		Steady: latenciesOf(before), During: latenciesOf(during), CouldPublishMs: toMS(publishing.Sub(started)), AfterPublishing: latenciesOf(afterStart),
+		InformerSyncedMs: toMS(rawSynced), InformerDuring: latenciesOf(rawDuring)}
+	return out, deleted, nil
 }
 
 // informerProcessStartUnderLoad starts the raw informer as a process of

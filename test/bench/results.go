@@ -13,8 +13,8 @@ import (
 	"github.com/student-bridge/student-bridge/internal/stages"
 )
 
-// Results is a run's load phase as data: where, when and how it ran, and
-// every repetition of every cell. The run writes it beside its markdown
+// Results is a run as data: where, when and how it ran, every
+// repetition of every cell of the load phase, and the other phases' results. The run writes it beside its markdown
 // (results.json); -render prints the load tables from such a file with the
 // same code the run used, so a committed file renders the same tables
 // again.
@@ -29,6 +29,8 @@ type Results struct {
 	Cells    []Cell  `json:"cells"`
 	// Counts is the counts phase, if it ran.
 	Counts *Counts `json:"counts,omitempty"`
+	// Scale is the memory, restart and failover phases, if they ran.
+	Scale *Scale `json:"scale,omitempty"`
 }
 
 // Machine is what the run ran on.
@@ -178,7 +180,7 @@ func commit() string {
 }
 
 // render prints the tables of the results file at path: the load
-// phase's, then the counts'.
+// phase's, the counts', then the memory, restart and failover phases'.
 func render(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -191,11 +193,15 @@ func render(path string) (string, error) {
 	return tables(res), nil
 }
 
-// tables are the tables of res: the load phase's, then the counts'.
+// tables are the tables of res: the load phase's, the counts', then the
+// memory, restart and failover phases'.
 func tables(res Results) string {
 	out := loadTables(res)
 	if res.Counts != nil {
 		out += "\n" + countsTable(*res.Counts)
+	}
+	if res.Scale != nil {
+		out += "\n" + scaleTables(*res.Scale)
 	}
 	return out
 }
