@@ -243,12 +243,8 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 		r.gone.Delete(key)
 		return ctrl.Result{}, nil
 	}
-	reader := r.APIReader
-	if reader == nil {
-		reader = r.Client
-	}
 	var live studentv1.Student
-	err := reader.Get(ctx, key, &live)
+	err := r.apiReader().Get(ctx, key, &live)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, fmt.Errorf("look up %s: %w", key, err)
 	}
@@ -293,12 +289,8 @@ func (r *StudentReconciler) staleFirst(ctx context.Context, stu *studentv1.Stude
 	if r.Shards == nil || stu.Generation <= 1 {
 		return false, nil
 	}
-	reader := r.APIReader
-	if reader == nil {
-		reader = r.Client
-	}
 	var live studentv1.Student
-	err := reader.Get(ctx, client.ObjectKeyFromObject(stu), &live)
+	err := r.apiReader().Get(ctx, client.ObjectKeyFromObject(stu), &live)
 	if apierrors.IsNotFound(err) {
 		return true, nil // its watch event queues the name again
 	}
@@ -306,6 +298,15 @@ func (r *StudentReconciler) staleFirst(ctx context.Context, stu *studentv1.Stude
 		return false, fmt.Errorf("look up %s: %w", client.ObjectKeyFromObject(stu), err)
 	}
 	return live.UID != stu.UID || live.Generation != stu.Generation || !live.DeletionTimestamp.IsZero(), nil
+}
+
+// apiReader reads from the API server itself (APIReader), or from Client
+// when there is none.
+func (r *StudentReconciler) apiReader() client.Reader {
+	if r.APIReader != nil {
+		return r.APIReader
+	}
+	return r.Client
 }
 
 // Scope returns the InScope of a bridge that watches namespaces (none:
@@ -390,12 +391,8 @@ func recordedStudent(rec studentv1.StudentRecord) *studentv1.Student {
 // server and tries again at once rather than waiting for the backoff: under
 // a stream of user edits the cache is often behind.
 func (r *StudentReconciler) patchFinalizers(ctx context.Context, stu *studentv1.Student, change func(*studentv1.Student) bool) error {
-	reader := r.APIReader
-	if reader == nil {
-		reader = r.Client
-	}
 	defer since(stages.Finalizer, time.Now())
-	return PatchFinalizers(ctx, r.Client, reader, stu, 5, change)
+	return PatchFinalizers(ctx, r.Client, r.apiReader(), stu, 5, change)
 }
 
 // PatchFinalizers applies change to stu's finalizers with a merge patch
