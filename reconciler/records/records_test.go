@@ -17,6 +17,16 @@ import (
 	"github.com/student-bridge/student-bridge/sink/sinktest"
 )
 
+// loaded is a Set loaded from store, as a bridge's at its start.
+func loaded(t *testing.T, store sink.Store) *records.Set {
+	t.Helper()
+	recs := records.New()
+	if err := recs.Load(context.Background(), store); err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
+
 // gatedStore holds every Delete until release is closed, telling deleting
 // when one arrives.
 type gatedStore struct {
@@ -38,10 +48,7 @@ func (s *gatedStore) Delete(ctx context.Context, key string, revision uint64) er
 func TestRemoveHoldsUpNoOtherStudent(t *testing.T) {
 	ctx := context.Background()
 	store := &gatedStore{Store: &sinktest.Store{}, deleting: make(chan struct{}), release: make(chan struct{})}
-	recs := records.New()
-	if err := recs.Load(ctx, store); err != nil {
-		t.Fatal(err)
-	}
+	recs := loaded(t, store)
 	rec := func(uid, typ string) studentv1.StudentRecord {
 		return studentv1.StudentRecord{Namespace: "ns", Name: uid, UID: types.UID(uid), Published: studentv1.PublishedEvent{Type: typ, ID: uid + "-" + typ}}
 	}
@@ -115,19 +122,13 @@ func TestReloadWhereTakesWhatOthersWrote(t *testing.T) {
 	rec := func(name, typ string) studentv1.StudentRecord {
 		return studentv1.StudentRecord{Namespace: "ns", Name: name, UID: types.UID(name), Published: studentv1.PublishedEvent{Type: typ, ID: name + "-" + typ}}
 	}
-	other := records.New() // the replica that held the Students
-	if err := other.Load(ctx, store); err != nil {
-		t.Fatal(err)
-	}
+	other := loaded(t, store) // the replica that held the Students
 	for _, name := range []string{"kept", "changed", "removed", "elsewhere"} {
 		if err := other.Save(ctx, rec(name, studentv1.EventTypeCreated)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	recs := records.New() // the replica that gains them
-	if err := recs.Load(ctx, store); err != nil {
-		t.Fatal(err)
-	}
+	recs := loaded(t, store) // the replica that gains them
 	if err := other.Save(ctx, rec("changed", studentv1.EventTypeUpdated)); err != nil {
 		t.Fatal(err)
 	}
@@ -167,18 +168,12 @@ func TestReloadWhereTakesWhatOthersWrote(t *testing.T) {
 func TestShareHoldsStringsOnce(t *testing.T) {
 	ctx := context.Background()
 	store := &sinktest.Store{}
-	writer := records.New()
-	if err := writer.Load(ctx, store); err != nil {
-		t.Fatal(err)
-	}
+	writer := loaded(t, store)
 	if err := writer.Save(ctx, studentv1.StudentRecord{Namespace: "ns", Name: "wang", UID: "uid-1",
 		Published: studentv1.PublishedEvent{Type: studentv1.EventTypeCreated, ID: "0123abcd", Spec: studentv1.StudentSpec{Name: "wang", School: "china"}}}); err != nil {
 		t.Fatal(err)
 	}
-	recs := records.New() // as a start reads them
-	if err := recs.Load(ctx, store); err != nil {
-		t.Fatal(err)
-	}
+	recs := loaded(t, store) // as a start reads them
 	held, _ := recs.Get("uid-1")
 
 	// Strings of its own, as a decoded watch event has.
@@ -222,10 +217,7 @@ func TestShareHoldsStringsOnce(t *testing.T) {
 func TestConflictWithAnOlderRecordKeepsTheNewer(t *testing.T) {
 	ctx := context.Background()
 	store := &sinktest.Store{}
-	recs := records.New()
-	if err := recs.Load(ctx, store); err != nil {
-		t.Fatal(err)
-	}
+	recs := loaded(t, store)
 	rec := func(id string, seq int64, pending bool) studentv1.StudentRecord {
 		return studentv1.StudentRecord{Namespace: "ns", Name: "s", UID: "u", Pending: pending,
 			Published: studentv1.PublishedEvent{Type: studentv1.EventTypeCreated, ID: id, StudentSequence: seq}}
@@ -263,10 +255,7 @@ func TestConflictWithAnOlderRecordKeepsTheNewer(t *testing.T) {
 func TestReloadKeepsAnUnsavedNewerRecord(t *testing.T) {
 	ctx := context.Background()
 	store := &sinktest.Store{}
-	recs := records.New()
-	if err := recs.Load(ctx, store); err != nil {
-		t.Fatal(err)
-	}
+	recs := loaded(t, store)
 	rec := func(id string, seq int64) studentv1.StudentRecord {
 		return studentv1.StudentRecord{Namespace: "ns", Name: "s", UID: "u",
 			Published: studentv1.PublishedEvent{Type: studentv1.EventTypeUpdated, ID: id, StudentSequence: seq}}
@@ -299,10 +288,7 @@ func TestReloadKeepsAnUnsavedNewerRecord(t *testing.T) {
 		t.Fatal("the record was written while the store fails")
 	}
 	store.Fail(nil)
-	other := records.New()
-	if err := other.Load(ctx, store); err != nil {
-		t.Fatal(err)
-	}
+	other := loaded(t, store)
 	if err := other.Save(ctx, rec("sixth, there", 6)); err != nil {
 		t.Fatal(err)
 	}
