@@ -174,6 +174,16 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 	out.Rest = now()
 	created := 0
 	deleted := map[string]bool{} // by the restarts under load
+	// left are the Students created and not deleted.
+	left := func() []string {
+		var names []string
+		for i := range created {
+			if name := fmt.Sprintf("m-%d", i); !deleted[name] {
+				names = append(names, name)
+			}
+		}
+		return names
+	}
 	for _, n := range counts {
 		if limited {
 			stop()
@@ -228,14 +238,12 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 			}
 			restartsOf, catchUps = append(restartsOf, d), append(catchUps, cu)
 		}
-		var live []string
-		for i := range created {
-			if name := fmt.Sprintf("m-%d", i); !deleted[name] {
-				live = append(live, name)
-			}
-		}
-		c.Restart = Restart{Students: len(live), ReadyMs: toMS(ready), CaughtUpMs: sortedMS(restartsOf), CatchUpMs: sortedMS(catchUps),
-			InformerProcessMs: sortedMS(syncsOf), InformerMs: toMS(sync)}
+		slices.Sort(restartsOf)
+		slices.Sort(catchUps)
+		slices.Sort(syncsOf)
+		live := left()
+		c.Restart = Restart{Students: len(live), ReadyMs: toMS(ready), CaughtUpMs: msOfList(restartsOf), CatchUpMs: msOfList(catchUps),
+			InformerProcessMs: msOfList(syncsOf), InformerMs: toMS(sync)}
 
 		var gone []string
 		c.UnderLoad, gone, err = restartUnderLoad(ctx, e, bins, ns, prefix, metrics, live, median(catchUps), stop, start)
@@ -281,31 +289,15 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 		return out, err
 	}
 	out.Receipts.Steady, _, _ = settled()
-	out.Receipts.Students, out.Receipts.Receipts = created-len(deleted), nReceipts
+	out.Receipts.Students, out.Receipts.Receipts = len(left()), nReceipts
 	out.Republished = republished
 
 	// The same Students, published again by three replicas over shards.
 	stop()
-	var names []string
-	for i := range created {
-		if name := fmt.Sprintf("m-%d", i); !deleted[name] {
-			names = append(names, name)
-		}
-	}
-	if out.Failover, err = failoverAtScale(ctx, e, ns, names); err != nil {
+	if out.Failover, err = failoverAtScale(ctx, e, ns, left()); err != nil {
 		return out, fmt.Errorf("failover: %w", err)
 	}
 	return out, nil
-}
-
-// sortedMS are d in milliseconds, sorted.
-func sortedMS(d []time.Duration) []float64 {
-	slices.Sort(d)
-	out := make([]float64, len(d))
-	for i, x := range d {
-		out[i] = toMS(x)
-	}
-	return out
 }
 
 // The load of a restart under load.

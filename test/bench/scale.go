@@ -170,6 +170,15 @@ func settledIn(ms float64, bounded bool) string {
 	return s
 }
 
+// msOfList is d in milliseconds (msList undoes it).
+func msOfList(d []time.Duration) []float64 {
+	out := make([]float64, len(d))
+	for i, x := range d {
+		out[i] = toMS(x)
+	}
+	return out
+}
+
 func msList(ms []float64) []time.Duration {
 	out := make([]time.Duration, len(ms))
 	for i, m := range ms {
