@@ -74,6 +74,9 @@ func TestSmoke(t *testing.T) {
 		if r.Drained <= 0 {
 			t.Errorf("%s: drained %v changes/s", v.name, r.Drained)
 		}
+		if r.APICallP99ms <= 0 {
+			t.Errorf("%s: the changes' API calls not measured (p99 %v ms)", v.name, r.APICallP99ms)
+		}
 	}
 	// The bridge as deployed goes through every stage, each measured.
 	for _, s := range stages.All {

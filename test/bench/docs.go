@@ -147,6 +147,7 @@ func summaryTables(res Results) (summary, ratios string) {
 		show func(float64) string
 	}{
 		{"p99 ms", func(r result) float64 { return toMS(r.p99) }, func(x float64) string { return fmt.Sprintf("%.1f", x) }},
+		{"p99 ms of the change's API call", func(r result) float64 { return toMS(r.apiP99) }, func(x float64) string { return fmt.Sprintf("%.1f", x) }},
 		{"own CPU s/1k changes", func(r result) float64 { return r.ownCPU / float64(r.made) * 1000 }, func(x float64) string { return fmt.Sprintf("%.2f", x) }},
 		{"drained changes/s", func(r result) float64 { return r.drained }, func(x float64) string { return fmt.Sprintf("%.0f", x) }},
 	}
@@ -155,6 +156,10 @@ func summaryTables(res Results) (summary, ratios string) {
 			fmt.Fprintf(&b, "| %d | %s |", rate, q.name)
 			for _, v := range present {
 				lo, med, hi := spanOf(results[cellKey{v, rate}], q.of)
+				if med == 0 {
+					b.WriteString(" - |") // not measured by the run
+					continue
+				}
 				fmt.Fprintf(&b, " %s (%s-%s) |", q.show(med), q.show(lo), q.show(hi))
 			}
 			b.WriteString("\n")
@@ -197,4 +202,10 @@ func spanOf(rs []result, of func(result) float64) (lo, med, hi float64) {
 	}
 	slices.Sort(d)
 	return d[0], d[len(d)/2], d[len(d)-1]
+}
+
+// spanText shows of over rs as its median (min-max), with two decimals.
+func spanText(rs []result, of func(result) float64) string {
+	lo, med, hi := spanOf(rs, of)
+	return fmt.Sprintf("%.2f (%.2f-%.2f)", med, lo, hi)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -106,12 +107,16 @@ type result struct {
 	// unobserved counts Students created and deleted before the variant
 	// published anything for them: consistent for consumers, not a loss
 	// (the bridge's finalizer is added by its first reconcile).
-	unobserved    int
-	lostNames     []string
-	duplicates    int
-	events        int
-	p50, p99      time.Duration
-	p999          time.Duration
+	unobserved int
+	lostNames  []string
+	duplicates int
+	events     int
+	p50, p99   time.Duration
+	p999       time.Duration
+	// apiP99 is the p99 of the changes' own API calls, from the change's
+	// scheduled time to the call's return: the part of the latency that
+	// is the API server's (and the generator's) before any watch sees it.
+	apiP99        time.Duration
 	behind        bool // the generator could not keep the rate
 	studentWrites int64
 	eventWrites   int64
@@ -138,7 +143,7 @@ func (t *tracker) result(variant string, rate int) result {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	r := result{variant: variant, rate: rate, events: t.events}
-	var lats []time.Duration
+	var lats, apiCalls []time.Duration
 	last := map[string]*change{}
 	var first, end time.Time
 	for _, c := range t.changes {
@@ -153,6 +158,7 @@ func (t *tracker) result(variant string, rate int) result {
 		if l, ok := t.latency(c); ok {
 			r.covered++
 			lats = append(lats, l)
+			apiCalls = append(apiCalls, c.doneAt.Sub(c.scheduled))
 			if at := c.scheduled.Add(l); at.After(end) {
 				end = at
 			}
@@ -185,6 +191,8 @@ func (t *tracker) result(variant string, rate int) result {
 	}
 	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
 	r.p50, r.p99, r.p999 = pct(lats, 0.50), pct(lats, 0.99), pct(lats, 0.999)
+	slices.Sort(apiCalls)
+	r.apiP99 = pct(apiCalls, 0.99)
 	if d := end.Sub(first).Seconds(); d > 0 {
 		r.drained = float64(r.covered) / d
 	}

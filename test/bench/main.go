@@ -441,12 +441,18 @@ func stageTable(rates []int, results map[cellKey][]result) string {
 // capacityTable compares the variants' drain rates at the grid's highest
 // rate, where (run far beyond what they sustain) the rate is their
 // capacity: median and range of the repetitions, and for each variant
-// whether its range overlaps the raw informer's.
+// whether its range overlaps the raw informer's. Beside it, what a change
+// cost in CPU on the whole machine, and how many CPUs that kept busy
+// while draining: where they are all busy, the capacity is the machine's
+// CPUs over the CPU per change, wherever in the stack that CPU goes.
 func capacityTable(rates []int, results map[cellKey][]result) string {
 	top := slices.Max(rates)
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nCapacity: changes covered per second at %d/s (from the first change to the last event covering one; beyond a variant's capacity, its capacity), median (min-max) of the repetitions:\n\n", top)
-	b.WriteString("| variant | drained changes/s | against raw-informer |\n| --- | --- | --- |\n")
+	fmt.Fprintf(&b, "\nCapacity: changes covered per second at %d/s (from the first change to the last event covering one; beyond a variant's capacity, its capacity), median (min-max) of the repetitions; the CPU a change cost on the whole machine (the benchmark's process, the variant's processes, kube-apiserver and etcd), and the CPUs that kept busy while draining:\n\n", top)
+	b.WriteString("| variant | drained changes/s | against raw-informer | all CPU ms/change | of it, API server+etcd | CPUs busy |\n| --- | --- | --- | --- | --- | --- |\n")
+	all := func(r result) float64 { return (r.cpuSeconds + r.ownCPU + r.controlPlaneCPU) / float64(r.made) * 1000 }
+	controlPlane := func(r result) float64 { return r.controlPlaneCPU / float64(r.made) * 1000 }
+	busy := func(r result) float64 { return all(r) / 1000 * r.drained }
 	drained := func(r result) float64 { return r.drained }
 	rawLo, rawMed, rawHi := 0.0, 0.0, 0.0
 	raw := results[cellKey{"raw-informer", top}]
@@ -463,7 +469,7 @@ func capacityTable(rates []int, results map[cellKey][]result) string {
 		default:
 			cmp = fmt.Sprintf("%.2fx, not distinguishable (ranges overlap)", med/rawMed)
 		}
-		fmt.Fprintf(&b, "| %s | %.0f (%.0f-%.0f) | %s |\n", v.name, med, lo, hi, cmp)
+		fmt.Fprintf(&b, "| %s | %.0f (%.0f-%.0f) | %s | %s | %s | %s |\n", v.name, med, lo, hi, cmp, spanText(rs, all), spanText(rs, controlPlane), spanText(rs, busy))
 	})
 	return b.String()
 }

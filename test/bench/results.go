@@ -61,6 +61,7 @@ type Rep struct {
 	P50ms           float64                     `json:"p50ms"`
 	P99ms           float64                     `json:"p99ms"`
 	P999ms          float64                     `json:"p999ms"`
+	APICallP99ms    float64                     `json:"apiCallP99ms,omitempty"`
 	Behind          bool                        `json:"behind"`
 	StudentWrites   int64                       `json:"studentWrites"`
 	EventWrites     int64                       `json:"eventWrites"`
@@ -95,7 +96,8 @@ func repOf(r result) Rep {
 	rep := Rep{
 		Made: r.made, Failed: r.failed, Covered: r.covered, LostFinal: r.lostFinal, Unobserved: r.unobserved,
 		Duplicates: r.duplicates, Events: r.events, P50ms: toMS(r.p50), P99ms: toMS(r.p99), P999ms: toMS(r.p999),
-		Behind: r.behind, StudentWrites: r.studentWrites, EventWrites: r.eventWrites, CPUSeconds: finite(r.cpuSeconds),
+		APICallP99ms: toMS(r.apiP99),
+		Behind:       r.behind, StudentWrites: r.studentWrites, EventWrites: r.eventWrites, CPUSeconds: finite(r.cpuSeconds),
 		OwnCPUSeconds: finite(r.ownCPU), ControlPlaneCPU: finite(r.controlPlaneCPU), NATSSent: r.natsSent, NATSReceived: r.natsReceived,
 		Drained: finite(r.drained), Applied: r.applied, Stages: r.stages,
 	}
@@ -109,7 +111,7 @@ func (rep Rep) result(variant string, rate int) result {
 	r := result{
 		variant: variant, rate: rate, made: rep.Made, failed: rep.Failed, covered: rep.Covered, lostFinal: rep.LostFinal,
 		unobserved: rep.Unobserved, duplicates: rep.Duplicates, events: rep.Events, p50: fromMS(rep.P50ms), p99: fromMS(rep.P99ms),
-		p999: fromMS(rep.P999ms), behind: rep.Behind, studentWrites: rep.StudentWrites, eventWrites: rep.EventWrites,
+		p999: fromMS(rep.P999ms), apiP99: fromMS(rep.APICallP99ms), behind: rep.Behind, studentWrites: rep.StudentWrites, eventWrites: rep.EventWrites,
 		cpuSeconds: rep.CPUSeconds, ownCPU: rep.OwnCPUSeconds, controlPlaneCPU: rep.ControlPlaneCPU, natsSent: rep.NATSSent,
 		natsReceived: rep.NATSReceived, drained: rep.Drained, applied: rep.Applied, stages: rep.Stages,
 	}
