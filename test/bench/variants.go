@@ -138,6 +138,9 @@ var variants = []variant{
 	// The records in the events' stream, each change one atomic batch of
 	// its event and its record (records.store: stream, docs/one-write.md).
 	{name: "student-bridge (process, one write)", k8s: true, bridge: true, policy: true, start: bridgeProcess("--records-store=stream")},
+	// The least the delivery guarantees need: publishing only, each
+	// change one write of its event with its record.
+	{name: "student-bridge (process, publishing only, one write)", k8s: true, bridge: true, start: bridgeProcess("--hold-deletes-with-finalizer=false", "--kubernetes-events=false", "--status=false", "--records-store=stream")},
 	{name: "raw-informer (process, NATS cluster)", k8s: true, cluster: true, start: startRawInformerProcess},
 	{name: "student-bridge (process, NATS cluster)", k8s: true, bridge: true, policy: true, cluster: true, start: bridgeProcess()},
 	{name: "student-bridge (process, NATS cluster, one write)", k8s: true, bridge: true, policy: true, cluster: true, start: bridgeProcess("--records-store=stream")},
