@@ -91,8 +91,15 @@ func commitTogether(t *testing.T, nc *nats.Conn, replicas int) {
 		return ev
 	}
 
-	// A create: the event and the record, one ack.
+	// A create: the event and the record, one ack. A cluster's new stream
+	// has no responder for its subjects on every server at once (its
+	// leader's interest spreads over the routes): the bridge retries what
+	// is unavailable, and so does the test, for a while.
 	created, rev, err := store.Commit(ctx, event("e1", "created"), "u1", []byte("r1"), 0)
+	for deadline := time.Now().Add(10 * time.Second); errors.Is(err, sink.ErrUnavailable) && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+		created, rev, err = store.Commit(ctx, event("e1", "created"), "u1", []byte("r1"), 0)
+	}
 	if err != nil {
 		t.Fatalf("a create as one batch: %v", err)
 	}
