@@ -95,11 +95,15 @@ func commitTogether(t *testing.T, nc *nats.Conn, replicas int) {
 	// has no responder for its subjects on every server at once (its
 	// leader's interest spreads over the routes): the bridge retries what
 	// is unavailable, and so does the test, for a while.
-	created, rev, err := store.Commit(ctx, event("e1", "created"), "u1", []byte("r1"), 0)
-	for deadline := time.Now().Add(10 * time.Second); errors.Is(err, sink.ErrUnavailable) && time.Now().Before(deadline); {
-		time.Sleep(100 * time.Millisecond)
+	var created sink.Receipt
+	var rev uint64
+	_ = stacktest.Eventually(10*time.Second, func() error {
 		created, rev, err = store.Commit(ctx, event("e1", "created"), "u1", []byte("r1"), 0)
-	}
+		if errors.Is(err, sink.ErrUnavailable) {
+			return err
+		}
+		return nil
+	})
 	if err != nil {
 		t.Fatalf("a create as one batch: %v", err)
 	}
