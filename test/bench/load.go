@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -189,7 +188,7 @@ func (t *tracker) result(variant string, rate int) result {
 			r.duplicates += n - 1
 		}
 	}
-	sort.Slice(lats, func(i, j int) bool { return lats[i] < lats[j] })
+	slices.Sort(lats)
 	r.p50, r.p99, r.p999 = pct(lats, 0.50), pct(lats, 0.99), pct(lats, 0.999)
 	slices.Sort(apiCalls)
 	r.apiP99 = pct(apiCalls, 0.99)
