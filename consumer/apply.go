@@ -98,8 +98,11 @@ func (m *Mirror) receive(ctx context.Context, d delivery) {
 	m.track(des)
 	m.enqueue(des, d.ev, d.seq, false)
 	k := m.key(des.Cluster, des.UID)
-	if p := m.pending[k]; p != nil && !p.waiting && p.attempts == 0 {
-		m.handle(ctx, k)
+	if p := m.pending[k]; p != nil && p.attempts == 0 {
+		// A Student whose change failed waits for its retry, which takes
+		// its newest change; one whose handler runs gets the newest once
+		// it returns.
+		m.schedule(ctx, k)
 	}
 	m.ack()
 }
@@ -136,33 +139,91 @@ func (m *Mirror) pendingInOrder() []string {
 	return keys
 }
 
-// handle applies the pending change of the Student of key: skipped when
-// already applied (the same event id, or reported applied before a
-// restart), else handed to the handler and reported; a failure is retried
-// with backoff.
-func (m *Mirror) handle(ctx context.Context, key string) {
+// schedule makes the pending change of the Student of key ready to be
+// handled: at once when fewer than Concurrency handlers run, else when
+// one returns, in the order Students became ready. A Student whose handler
+// runs, or whose retry is scheduled, is not made ready again: its events
+// are handled one at a time, in order.
+func (m *Mirror) schedule(ctx context.Context, key string) {
 	p := m.pending[key]
-	m.mu.Lock()
-	old := m.applied[key]
-	m.mu.Unlock()
-	c := p.change
-	c.Old, c.New = old, p.latest
+	if p == nil || p.running || p.waiting || p.ready {
+		return
+	}
+	p.ready = true
+	m.ready = append(m.ready, key)
+	m.startReady(ctx)
+}
+
+// job is one handing over of a Student's pending change to the handler.
+type job struct {
+	key    string
+	change Change
+	// seqs is how many of the Student's pending stream sequences (a
+	// prefix) the change covers, seq the newest.
+	seqs int
+	seq  uint64
+	// checkReceipt: a rebuild's change is first looked up among the
+	// receipts (applied before a restart).
+	checkReceipt bool
+}
+
+// outcome is a job's result: the state the service now has (nil:
+// deleted), or the error the change failed with.
+type outcome struct {
+	job   job
+	state *Desired
+	err   error
+}
+
+// startReady starts handlers for ready Students while fewer than
+// Concurrency run. Each runs in a goroutine of its own and sends its
+// outcome to m.outcomes, which Run's loop takes (finish).
+func (m *Mirror) startReady(ctx context.Context) {
+	for m.running < m.o.Concurrency && len(m.ready) > 0 {
+		key := m.ready[0]
+		m.ready = m.ready[1:]
+		p := m.pending[key]
+		if p == nil || !p.ready {
+			continue
+		}
+		p.ready, p.running = false, true
+		m.running++
+		m.mu.Lock()
+		old := m.applied[key]
+		m.mu.Unlock()
+		j := job{key: key, change: p.change, seqs: len(p.seqs), seq: p.seq, checkReceipt: p.catchUp && p.attempts == 0}
+		j.change.Old, j.change.New = old, p.latest
+		m.handlers.Add(1)
+		go func() {
+			defer m.handlers.Done()
+			state, err := m.apply(ctx, j)
+			select {
+			case m.outcomes <- outcome{job: j, state: state, err: err}:
+			case <-ctx.Done():
+			}
+		}()
+	}
+}
+
+// apply hands one change to the handler and reports it: skipped when
+// already applied (the same event id, or reported applied before a
+// restart). It runs beside other Students' apply, never beside its own
+// Student's.
+func (m *Mirror) apply(ctx context.Context, j job) (*Desired, error) {
+	c := j.change
 	cluster, uid := m.receiptCluster(c), c.UID
 	switch {
-	case c.New == nil && old == nil:
+	case c.New == nil && c.Old == nil:
 		// Deleted before the service applied it: nothing to undo.
 		_ = m.rep.ForgetIn(ctx, cluster, uid)
-		m.settle(key, nil)
-		return
-	case c.New != nil && old != nil && (old.EventID == c.New.EventID || sameState(old, c.New)):
+		return nil, nil
+	case c.New != nil && c.Old != nil && (c.Old.EventID == c.New.EventID || sameState(c.Old, c.New)):
 		// The same event, or one with the same state (a snapshot of a
 		// Student that did not change): nothing to apply.
-		m.settle(key, c.New)
-		return
-	case p.catchUp && p.attempts == 0 && c.New != nil:
+		return c.New, nil
+	case j.checkReceipt && c.New != nil:
 		if id, err := m.rep.AppliedIn(ctx, cluster, uid); err == nil && id == c.New.EventID {
-			m.settle(key, c.New) // applied and reported before a restart
-			return
+			return c.New, nil // applied and reported before a restart
 		}
 	}
 	hctx, span := m.startApply(ctx, c)
@@ -172,59 +233,85 @@ func (m *Mirror) handle(ctx context.Context, key string) {
 		traceID = sc.TraceID().String()
 	}
 	endApply(span, err)
-	if err == nil {
-		if c.New == nil {
-			err = m.rep.ForgetIn(ctx, cluster, uid)
-		} else {
-			err = m.rep.Report(ctx, receipt(c, cluster, studentv1.ResultApplied, "", traceID))
+	if err != nil {
+		if c.New != nil {
+			if rerr := m.rep.Report(ctx, receipt(c, cluster, studentv1.ResultFailed, err.Error(), traceID)); rerr != nil {
+				m.log.Warn("writing a failed receipt failed", "student", c.Namespace+"/"+c.Name, "reason", rerr.Error())
+			}
 		}
-		if err != nil {
-			err = fmt.Errorf("applied, but the receipt was not written: %w", err)
-		}
-	} else if c.New != nil {
-		if rerr := m.rep.Report(ctx, receipt(c, cluster, studentv1.ResultFailed, err.Error(), traceID)); rerr != nil {
-			m.log.Warn("writing a failed receipt failed", "student", c.Namespace+"/"+c.Name, "reason", rerr.Error())
-		}
+		return nil, err
 	}
-	if err == nil {
-		m.settle(key, c.New)
-		return
+	if c.New == nil {
+		err = m.rep.ForgetIn(ctx, cluster, uid)
+	} else {
+		err = m.rep.Report(ctx, receipt(c, cluster, studentv1.ResultApplied, "", traceID))
 	}
-	p.attempts++
-	delay := min(m.o.RetryBaseDelay<<min(p.attempts-1, 20), m.o.RetryMaxDelay)
-	m.log.Info("change failed; retrying", "student", c.Namespace+"/"+c.Name, "event", c.EventID, "attempt", p.attempts, "retryIn", delay.String(), "reason", err.Error())
-	p.waiting = true
-	time.AfterFunc(delay, func() {
-		select {
-		case m.retries <- key:
-		case <-ctx.Done():
-		}
-	})
+	if err != nil {
+		return nil, fmt.Errorf("applied, but the receipt was not written: %w", err)
+	}
+	return c.New, nil
 }
 
 func sameState(a, b *Desired) bool {
 	return a.Generation == b.Generation && a.Spec == b.Spec && maps.Equal(a.Labels, b.Labels)
 }
 
-// settle records the pending change of the Student of key as applied
-// (newState nil: deleted) and lets its events be acknowledged.
-func (m *Mirror) settle(key string, newState *Desired) {
+// finish takes a handler's outcome in Run's loop: on success the change
+// is settled and, if newer events of the Student came meanwhile, their
+// change is made ready; a failure is retried with backoff. Either way the
+// freed handler slot goes to the next ready Student.
+func (m *Mirror) finish(ctx context.Context, o outcome) {
+	m.running--
+	p := m.pending[o.job.key]
+	p.running = false
+	if o.err == nil {
+		m.settle(o.job, o.state)
+	} else {
+		c := o.job.change
+		p.attempts++
+		delay := min(m.o.RetryBaseDelay<<min(p.attempts-1, 20), m.o.RetryMaxDelay)
+		m.log.Info("change failed; retrying", "student", c.Namespace+"/"+c.Name, "event", c.EventID, "attempt", p.attempts, "retryIn", delay.String(), "reason", o.err.Error())
+		p.waiting = true
+		key := o.job.key
+		time.AfterFunc(delay, func() {
+			select {
+			case m.retries <- key:
+			case <-ctx.Done():
+			}
+		})
+	}
+	m.startReady(ctx)
+}
+
+// settle records the change of j as applied (newState nil: deleted) and
+// lets its events be acknowledged. A Student with newer events than j
+// handed over stays pending, ready again.
+func (m *Mirror) settle(j job, newState *Desired) {
 	m.mu.Lock()
 	if newState == nil {
-		delete(m.applied, key)
+		delete(m.applied, j.key)
 	} else {
-		m.applied[key] = newState
+		m.applied[j.key] = newState
 	}
 	m.mu.Unlock()
-	p := m.pending[key]
-	delete(m.pending, key)
-	if p.catchUp {
-		m.catchUp--
-	}
+	p := m.pending[j.key]
+	done := p.seqs[:j.seqs]
 	for _, h := range m.held {
-		if slices.Contains(p.seqs, h.seq) {
+		if slices.Contains(done, h.seq) {
 			h.done = true
 		}
+	}
+	if p.catchUp {
+		m.catchUp--
+		p.catchUp = false
+	}
+	if p.seq == j.seq {
+		delete(m.pending, j.key)
+	} else {
+		p.seqs = slices.Delete(p.seqs, 0, j.seqs)
+		p.attempts = 0
+		p.ready = true
+		m.ready = append(m.ready, j.key)
 	}
 	m.ack()
 }

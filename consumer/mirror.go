@@ -70,7 +70,9 @@ type Change struct {
 // Handler applies one change. It returns nil once the change is applied;
 // an error is reported as failed and the change is retried with backoff,
 // holding back only this Student. A change may be handed over again after
-// a restart (at least once): a handler must be idempotent.
+// a restart (at least once): a handler must be idempotent. Handlers of
+// different Students run at once (MirrorOptions.Concurrency); one
+// Student's changes are handed over one at a time, in order.
 type Handler func(ctx context.Context, c Change) error
 
 // MirrorOptions configure a Mirror.
@@ -105,6 +107,12 @@ type MirrorOptions struct {
 	// (doubling up to RetryMaxDelay); defaults 500ms and 30s.
 	RetryBaseDelay time.Duration
 	RetryMaxDelay  time.Duration
+	// Concurrency is how many Students' changes are handled at once: a
+	// slow or failing Student holds back only itself while others are
+	// applied. Each Student's changes still go to the handler one at a
+	// time, in stream order (newer ones coalesced while one runs).
+	// Default 16; 1 handles one change at a time.
+	Concurrency int
 	// MaxAckPending bounds the events delivered but not yet acknowledged;
 	// a Student that keeps failing holds back the acknowledgement (not the
 	// handling) of later events. Default 10000.
@@ -112,6 +120,9 @@ type MirrorOptions struct {
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
+
+// defaultConcurrency is MirrorOptions.Concurrency's default.
+const defaultConcurrency = 16
 
 // NoSnapshots is the MirrorOptions.SnapshotSubject that makes the Mirror never
 // ask the bridge for a snapshot.
@@ -133,12 +144,18 @@ type Mirror struct {
 	mu      sync.Mutex
 	applied map[string]*Desired // by key: what the handler applied
 
+	runs atomic.Int32 // Runs in progress: at most one
+
 	// Owned by Run's loop.
 	pending   map[string]*pendingStudent
 	held      []*heldMsg
 	catchUp   int // rebuild Students not yet applied
 	retries   chan string
-	lastStart uint64 // the stream's last sequence when Run started
+	lastStart uint64   // the stream's last sequence when Run started
+	ready     []string // Students whose change waits for a handler
+	running   int      // handlers running
+	outcomes  chan outcome
+	handlers  sync.WaitGroup
 	// numbers is the Student sequence of the newest event read per key.
 	numbers map[string]int64
 	gaps    atomic.Int64
@@ -152,6 +169,8 @@ type pendingStudent struct {
 	catchUp  bool
 	attempts int
 	waiting  bool // a retry is scheduled
+	ready    bool // in Mirror.ready
+	running  bool // its handler runs
 }
 
 type heldMsg struct {
@@ -180,6 +199,10 @@ func NewMirror(nc *nats.Conn, o MirrorOptions) (*Mirror, error) {
 	o.RetryBaseDelay = cmp.Or(o.RetryBaseDelay, 500*time.Millisecond)
 	o.RetryMaxDelay = cmp.Or(o.RetryMaxDelay, 30*time.Second)
 	o.MaxAckPending = cmp.Or(o.MaxAckPending, 10000)
+	if o.Concurrency < 0 {
+		return nil, fmt.Errorf("consumer: Concurrency %d: use 1 or more (0: the default, %d)", o.Concurrency, defaultConcurrency)
+	}
+	o.Concurrency = cmp.Or(o.Concurrency, defaultConcurrency)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -228,8 +251,16 @@ func (m *Mirror) Gaps() int64 { return m.gaps.Load() }
 // nil) or the stream cannot be read: its durable consumer was deleted, or
 // the connection closed. A node of a NATS cluster going away does not end
 // it: the rebuild reads on through a new consumer, and the live reading
-// asks again after missed heartbeats.
+// asks again after missed heartbeats. It returns once no handler runs.
+// One Mirror runs once at a time: a second Run while one runs fails.
 func (m *Mirror) Run(ctx context.Context) error {
+	if !m.runs.CompareAndSwap(0, 1) {
+		return errors.New("consumer: this Mirror is running already")
+	}
+	defer m.runs.Store(0)
+	ctx, cancel := context.WithCancel(ctx)
+	defer m.handlers.Wait()
+	defer cancel()
 	stream, err := m.js.Stream(ctx, m.o.Stream)
 	if err != nil {
 		return fmt.Errorf("consumer: stream %s: %w", m.o.Stream, err)
@@ -283,6 +314,7 @@ func (m *Mirror) Run(ctx context.Context) error {
 	m.pending = map[string]*pendingStudent{}
 	m.numbers = map[string]int64{}
 	m.retries = make(chan string, 64)
+	m.ready, m.running, m.outcomes = nil, 0, make(chan outcome)
 	if err := m.fold(ctx, stream, last, func(d *Desired, ev *event) {
 		m.track(d)
 		switch k := m.key(d.Cluster, d.UID); {
@@ -301,7 +333,7 @@ func (m *Mirror) Run(ctx context.Context) error {
 	m.mu.Unlock()
 	m.log.Info("rebuilt the desired state", "applied", len(applied), "changed", len(m.pending), "fromSequence", floor+1, "toSequence", last)
 	for _, k := range m.pendingInOrder() {
-		m.handle(ctx, k)
+		m.schedule(ctx, k)
 	}
 
 	var ended error
@@ -317,8 +349,10 @@ func (m *Mirror) Run(ctx context.Context) error {
 		case k := <-m.retries:
 			if p := m.pending[k]; p != nil {
 				p.waiting = false
-				m.handle(ctx, k)
+				m.schedule(ctx, k)
 			}
+		case o := <-m.outcomes:
+			m.finish(ctx, o)
 		case d, ok := <-msgs:
 			if !ok {
 				if ctx.Err() != nil {
