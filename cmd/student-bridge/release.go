@@ -25,8 +25,10 @@ shards.count above 1 every shard and member Lease, is free, up to --wait),
 removes the finalizer from every Student the bridge watched (namespaces,
 labelSelector), and deletes the free Leases. Give it the bridge's
 own configuration (--config, or the same flags and STUDENT_BRIDGE_* variables).
-The Helm chart runs it as a post-delete hook; after "make undeploy", run it by
-hand. Students deleted while no bridge runs are still published as deleted by
+The Helm chart runs it as a post-delete hook. With kustomize, run it by hand
+after deleting the bridge's Deployment and before "make undeploy", which
+deletes the CRD and so waits on every Student still holding the finalizer
+(docs/deploy.md). Students deleted while no bridge runs are still published as deleted by
 the next bridge, from its record store, with the last state it published.`,
 		SilenceUsage: true,
 		Args:         cobra.NoArgs,
