@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -26,6 +27,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -128,7 +130,7 @@ func Start(opts Options) (*Stack, error) {
 		return nil, err
 	}
 	if opts.FinalizerPolicy {
-		if err := InstallFinalizerPolicy(s.Client, nil); err != nil {
+		if err := InstallFinalizerPolicy(s.RestConfig, s.Client, nil); err != nil {
 			_ = s.Stop()
 			return nil, err
 		}
@@ -148,13 +150,45 @@ func Start(opts Options) (*Stack, error) {
 	return s, nil
 }
 
+// ErrPolicyNotServed: the API server serves no
+// admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (Kubernetes 1.35
+// and older), so deploy/admission cannot be applied.
+var ErrPolicyNotServed = errors.New("stack: the API server serves no admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (Kubernetes 1.36 or later does)")
+
+// ServesFinalizerPolicy reports whether the API server serves the kind of
+// deploy/admission, as `make deploy` and the chart decide.
+func ServesFinalizerPolicy(cfg *rest.Config) (bool, error) {
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return false, err
+	}
+	resources, err := dc.ServerResourcesForGroupVersion("admissionregistration.k8s.io/v1")
+	if err != nil {
+		return false, fmt.Errorf("discover admissionregistration.k8s.io/v1: %w", err)
+	}
+	for _, r := range resources.APIResources {
+		if r.Kind == "MutatingAdmissionPolicy" {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // InstallFinalizerPolicy applies deploy/admission: a MutatingAdmissionPolicy
 // that adds the bridge's finalizer to Students as they are created, and its
 // binding; with namespaceLabels, the binding applies only to namespaces with
 // those labels (as when a bridge watches only some namespaces). It returns
 // once the API server applies the policy (a dry-run create gets the
 // finalizer): policies take effect when the API server's informer sees them.
-func InstallFinalizerPolicy(c client.Client, namespaceLabels map[string]string) error {
+// It returns ErrPolicyNotServed where the API server cannot have it.
+func InstallFinalizerPolicy(cfg *rest.Config, c client.Client, namespaceLabels map[string]string) error {
+	served, err := ServesFinalizerPolicy(cfg)
+	if err != nil {
+		return err
+	}
+	if !served {
+		return ErrPolicyNotServed
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	b, err := deploy.Admission.ReadFile("admission/finalizer.yaml")
@@ -230,10 +264,29 @@ func AssetsDir(dir string) (string, error) {
 	}
 	for _, b := range []string{"kube-apiserver", "etcd"} {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
-			return "", fmt.Errorf("%s not found in %s (set KUBEBUILDER_ASSETS, or run `make tools` to build it): %w", b, dir, err)
+			return "", fmt.Errorf("%s not found in %s (set KUBEBUILDER_ASSETS, or run `make control-plane` to build it): %w", b, dir, err)
 		}
 	}
 	return dir, nil
+}
+
+// APIServerVersion is the Kubernetes minor version (e.g. 35 for v1.35.4) of
+// the kube-apiserver in the assets directory dir, and its full version, as
+// `kube-apiserver --version` prints it.
+func APIServerVersion(dir string) (minor int, full string, err error) {
+	dir, err = AssetsDir(dir)
+	if err != nil {
+		return 0, "", err
+	}
+	out, err := exec.Command(filepath.Join(dir, "kube-apiserver"), "--version").Output()
+	if err != nil {
+		return 0, "", fmt.Errorf("kube-apiserver --version: %w", err)
+	}
+	full = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(out)), "Kubernetes"))
+	if _, err := fmt.Sscanf(full, "v1.%d.", &minor); err != nil {
+		return 0, "", fmt.Errorf("kube-apiserver --version printed %q, no release (a binary built before the Makefile set its version: remove it and run make control-plane): %w", out, err)
+	}
+	return minor, full, nil
 }
 
 // RepoRoot is the repository this package was built from.

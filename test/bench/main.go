@@ -202,7 +202,7 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	}
 	// The finalizer policy of deploy/default, bound to the bridge's
 	// namespaces only: in the others no bridge would ever remove it.
-	if err := stack.InstallFinalizerPolicy(st.Client, policyLabels); err != nil {
+	if err := stack.InstallFinalizerPolicy(st.RestConfig, st.Client, policyLabels); err != nil {
 		return err
 	}
 	benchDuration = o.duration

@@ -13,6 +13,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // With the finalizer policy of deploy/admission the API server adds the
@@ -21,6 +22,7 @@ import (
 // unobserved), and the bridge writes no finalizer of its own: its only
 // writes to Students themselves are the finalizer removals after deletes.
 func TestFinalizerPolicy(t *testing.T) {
+	stacktest.RequireFinalizerPolicy(t)
 	w := newWorldWith(t, stack.Options{FinalizerPolicy: true})
 	for i := range 10 {
 		s := w.create(t, "default", fmt.Sprintf("early-%d", i), "s0")
