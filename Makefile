@@ -20,6 +20,7 @@ NODE_KUBE      := $(BIN)/kubelet $(BIN)/kube-scheduler $(BIN)/kube-controller-ma
 CONTAINERD     := $(BIN)/containerd $(BIN)/containerd-shim-runc-v2 $(BIN)/ctr
 COREDNS        := $(BIN)/coredns
 OCIIMAGE       := $(BIN)/ociimage
+CRANE          := $(BIN)/crane
 IMAGES         := $(BIN)/images
 NODE           := $(NODE_KUBE) $(CONTAINERD) $(COREDNS) $(IMAGES)/nats.tar $(IMAGES)/pause.tar $(IMAGES)/student-bridge-previous.tar
 HELM           := $(BIN)/helm
@@ -27,6 +28,7 @@ PROMTOOL       := $(BIN)/promtool
 PROMETHEUS     := $(BIN)/prometheus
 GOLANGCI_LINT  := $(BIN)/golangci-lint
 CHART          := deploy/helm/student-bridge
+comma          := ,
 
 # A KUBEBUILDER_ASSETS set by the user wins over the binaries built here:
 # then nothing is built for the tests.
@@ -54,6 +56,10 @@ FUZZ_TARGETS := ./api/v1:FuzzParseReceipt ./api/v1:FuzzParseSnapshotRequest ./ap
 # The tools are built without symbol tables or DWARF: nobody debugs them,
 # and linking a dozen large binaries is a good part of their cold build.
 TOOL_LDFLAGS := -ldflags='-s -w'
+# The Kubernetes binaries also say which release they are, as a release
+# build's do (kube-apiserver's /version, kubectl version, the tests).
+kube_version = $(shell sed -n 's/.*k8s.io\/kubernetes v\(1\.[0-9.]*\).*/\1/p' $(1))
+kube_ldflags = -ldflags='-s -w $(foreach p,k8s.io/component-base/version k8s.io/client-go/pkg/version,-X $(p).gitVersion=v$(1) -X $(p).gitMajor=1 -X $(p).gitMinor=$(word 2,$(subst ., ,$(1))))'
 
 # The release this source is (internal/version) and the commit it is built
 # from; both end up in the binary, the image's labels and its tag.
@@ -77,8 +83,22 @@ help: ## Show this help.
 run: build $(TEST_DEPS) ## Run the bridge on a local stack (kube-apiserver + etcd + embedded NATS).
 	$(BIN)/student-bridge dev --assets $(KUBEBUILDER_ASSETS)
 
+.PHONY: control-plane
+control-plane: $(CONTROL_PLANE) ## Build kube-apiserver, etcd and kubectl into bin/, what `student-bridge dev` runs (make run does it too).
+
+# The tests that start no server (no kube-apiserver, no NATS) and need
+# nothing built: the "nothing" tier of docs/development.md but the AsyncAPI
+# parser (internal/contractgen, which installs from npm), and the
+# benchmark's rendering.
+UNIT_PKGS := ./api/contract ./cmd/student-bridge ./internal/config ./internal/stages ./reconciler/queue ./reconciler/records
+
+.PHONY: test-unit
+test-unit: ## Run the tests that start no server, in seconds: nothing is built for them.
+	$(GO) test -count=1 $(UNIT_PKGS)
+	$(GO) test -count=1 -run '^(TestRenderBlocks|TestCommandQuotesForAShell|TestSelected)$$' ./test/bench
+
 .PHONY: generate
-generate: $(CONTROLLER_GEN) ## Generate deepcopy code, the contract's JSON Schemas and AsyncAPI document, configs/student-bridge.yaml, the chart's values.schema.json, the Grafana dashboard and the benchmark's figures in the docs (from docs/results).
+generate: $(CONTROLLER_GEN) ## Generate deepcopy code, the contract's JSON Schemas and AsyncAPI document, configs/student-bridge.yaml, the chart's values.schema.json, the Grafana dashboard, and the benchmark's figures, the support table and the timings in the docs (from docs/results).
 	$(CONTROLLER_GEN) object paths=./api/...
 	$(GO) run ./hack/configdoc configs/student-bridge.yaml deploy/manager/student-bridge.yaml
 	$(GO) run ./hack/contractdoc
@@ -86,6 +106,8 @@ generate: $(CONTROLLER_GEN) ## Generate deepcopy code, the contract's JSON Schem
 	$(GO) run ./hack/dashboard deploy/monitoring/dashboard.json
 	cp deploy/monitoring/dashboard.json deploy/monitoring/alerts.yaml $(CHART)/files/
 	$(GO) run ./test/bench -docs
+	$(GO) run ./hack/compat -docs
+	$(GO) run ./hack/timings -docs
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC under deploy/ (and their copies in the Helm chart).
@@ -146,13 +168,32 @@ image: image-binary $(OCIIMAGE) ## Build the image $(IMG) as an archive, bin/ima
 test: verify-gen ## Check generated files, lint, build the image, run every test with -race against a real kube-apiserver and NATS (and a real node, as root), then fuzz the decoders.
 	$(MAKE) --no-print-directory -j2 -Otarget test-deps
 	$(GO) test $(TEST_FLAGS) ./...
+	cd hack/ociimage && $(GO) test $(TEST_FLAGS) ./...
 	$(MAKE) --no-print-directory fuzz
 
 # What the tests need, built two at a time after verify-gen has rewritten
 # the generated files: a single go build leaves a core idle while it
 # downloads modules or links.
 .PHONY: test-deps
-test-deps: lint image $(TEST_DEPS) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(NODE_DEPS)
+test-deps: lint image $(CRANE) $(TEST_DEPS) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(NODE_DEPS)
+
+# The compatibility tier: the tests of what a Kubernetes version can break,
+# run against the kube-apiserver of each supported version (hack/compat).
+# Its results render the support table of docs/deploy.md. Each older
+# kube-apiserver is a go build of its own (its k8s.io modules clash with the
+# newest's); etcd and kubectl are the newest's.
+COMPAT_VERSIONS   := 1.34 1.35 1.36
+COMPAT_APISERVERS := $(foreach v,$(COMPAT_VERSIONS),$(BIN)/kube-$(v)/kube-apiserver)
+COMPAT_ASSETS     := $(foreach v,$(COMPAT_VERSIONS),$(v)=bin/kube-$(v)) $(basename $(call kube_version,$(TOOLS)/go.mod))=bin
+
+.PHONY: test-compat
+test-compat: $(CONTROL_PLANE) $(HELM) $(COMPAT_APISERVERS) ## Run the compatibility tier on Kubernetes 1.34 to 1.37 and write docs/results/compat.json (its cost: docs/development.md).
+	$(GO) run ./hack/compat -assets $(subst $(eval) ,$(comma),$(COMPAT_ASSETS)) -out docs/results/compat.json
+	$(GO) run ./hack/compat -docs
+
+$(BIN)/kube-%/kube-apiserver: $(TOOLS)/kube-%/go.mod | $(ETCD) $(KUBECTL)
+	cd $(TOOLS)/kube-$* && $(GO) build $(call kube_ldflags,$(call kube_version,$(TOOLS)/kube-$*/go.mod)) -o $(BIN)/kube-$*/ k8s.io/kubernetes/cmd/kube-apiserver
+	ln -sf ../etcd ../kubectl $(BIN)/kube-$*/
 
 .PHONY: fuzz
 fuzz: ## Fuzz every decoder of outside input for FUZZ_TIME each, beyond its corpus (FUZZ_TARGETS).
@@ -170,13 +211,26 @@ OVERLAY ?= default
 docker-build: ## Build the container image $(IMG).
 	$(CONTAINER_TOOL) build --build-arg COMMIT=$(COMMIT) -t $(IMG) .
 
+# deploy and undeploy use the kubectl on PATH; only without one do they
+# build bin/kubectl. deploy/admission (the finalizer policy) is applied
+# where the API server serves MutatingAdmissionPolicy (Kubernetes 1.36 and
+# later) unless FINALIZER_POLICY=false; elsewhere the bridge adds its
+# finalizer itself.
+DEPLOY_KUBECTL   := $(or $(shell command -v kubectl 2>/dev/null),$(KUBECTL))
+FINALIZER_POLICY ?= true
+POLICY_SERVED     = case "$$($(DEPLOY_KUBECTL) get --raw /apis/admissionregistration.k8s.io/v1 2>/dev/null)" in *'"kind":"MutatingAdmissionPolicy"'*) true;; *) false;; esac
+
 .PHONY: deploy
-deploy: $(KUBECTL) ## Apply deploy/$(OVERLAY) (default, bridge-only or dev) with image $(IMG) to the current kubectl context.
-	$(KUBECTL) kustomize deploy/$(OVERLAY) | sed 's|image: student-bridge:dev|image: $(IMG)|' | $(KUBECTL) apply --server-side -f -
+deploy: $(filter $(KUBECTL),$(DEPLOY_KUBECTL)) ## Apply deploy/$(OVERLAY) (default, bridge-only or dev) with image $(IMG) to the current kubectl context, and deploy/admission where the cluster serves it.
+	$(DEPLOY_KUBECTL) kustomize deploy/$(OVERLAY) | sed 's|image: student-bridge:dev|image: $(IMG)|' | $(DEPLOY_KUBECTL) apply --server-side -f -
+	@if [ "$(FINALIZER_POLICY)" = false ]; then echo "FINALIZER_POLICY=false: deploy/admission not applied"; \
+	elif $(POLICY_SERVED); then $(DEPLOY_KUBECTL) apply --server-side -k deploy/admission; \
+	else echo "the API server serves no admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (Kubernetes 1.35 or older): deploy/admission not applied, the bridge adds its finalizer itself"; fi
 
 .PHONY: undeploy
-undeploy: $(KUBECTL) ## Delete what deploy applied (Students and their stream data included).
-	$(KUBECTL) kustomize deploy/$(OVERLAY) | $(KUBECTL) delete --ignore-not-found -f -
+undeploy: $(filter $(KUBECTL),$(DEPLOY_KUBECTL)) ## Delete what deploy applied (Students and their stream data included).
+	@if $(POLICY_SERVED); then $(DEPLOY_KUBECTL) delete --ignore-not-found -k deploy/admission; fi
+	$(DEPLOY_KUBECTL) kustomize deploy/$(OVERLAY) | $(DEPLOY_KUBECTL) delete --ignore-not-found -f -
 
 BENCH_FLAGS ?=
 
@@ -187,19 +241,31 @@ bench: $(TEST_DEPS) ## Run the end-to-end benchmark (hours with the defaults: na
 ##@ Tools (built from the Go module proxy into bin/, once)
 
 .PHONY: tools
-tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(GOLANGCI_LINT) $(NODE) ## Build controller-gen, kube-apiserver, etcd, kubectl, helm, promtool, prometheus, golangci-lint and the test node's parts.
+tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(CRANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(GOLANGCI_LINT) $(NODE) ## Build controller-gen, kube-apiserver, etcd, kubectl, helm, promtool, prometheus, golangci-lint and the test node's parts.
 
 $(CONTROLLER_GEN): $(TOOLS)/go.mod
 	cd $(TOOLS) && GOBIN=$(BIN) $(GO) install $(TOOL_LDFLAGS) sigs.k8s.io/controller-tools/cmd/controller-gen
 
 # kube-apiserver, etcd and kubectl come from k8s.io/kubernetes and etcd's
-# server module; this takes several minutes the first time.
-# The test node's kubelet, scheduler, controller-manager and kube-proxy are
-# built in the same go build: they share most of the compile.
-$(KUBE_APISERVER) $(KUBECTL) $(ETCD) $(NODE_KUBE) &: $(TOOLS)/go.mod
-	cd $(TOOLS) && $(GO) build $(TOOL_LDFLAGS) -o $(BIN)/ k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./cmd/etcd \
-		k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-proxy
-	touch $(KUBE_APISERVER) $(KUBECTL) $(ETCD) $(NODE_KUBE)
+# server module; this takes several minutes the first time. When this make
+# also builds the test node (make test, tools or node as root), its kubelet,
+# scheduler, controller-manager and kube-proxy are built in the same go
+# build: they share most of the compile. `make run` builds the three it runs.
+CONTROL_PLANE_PKGS := k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./cmd/etcd
+NODE_KUBE_PKGS     := k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-proxy
+ifneq ($(and $(NODE_DEPS),$(filter test test-deps tools node,$(MAKECMDGOALS))),)
+$(CONTROL_PLANE) $(NODE_KUBE) &: $(TOOLS)/go.mod
+	cd $(TOOLS) && $(GO) build $(call kube_ldflags,$(call kube_version,$(TOOLS)/go.mod)) -o $(BIN)/ $(CONTROL_PLANE_PKGS) $(NODE_KUBE_PKGS)
+	touch $(CONTROL_PLANE) $(NODE_KUBE)
+else
+$(CONTROL_PLANE) &: $(TOOLS)/go.mod
+	cd $(TOOLS) && $(GO) build $(call kube_ldflags,$(call kube_version,$(TOOLS)/go.mod)) -o $(BIN)/ $(CONTROL_PLANE_PKGS)
+	touch $(CONTROL_PLANE)
+
+$(NODE_KUBE) &: $(TOOLS)/go.mod
+	cd $(TOOLS) && $(GO) build $(call kube_ldflags,$(call kube_version,$(TOOLS)/go.mod)) -o $(BIN)/ $(NODE_KUBE_PKGS)
+	touch $(NODE_KUBE)
+endif
 
 # containerd and CoreDNS have modules of their own (their k8s.io versions
 # differ from kube-apiserver's). runc and the CNI plugins come from Debian
@@ -214,6 +280,11 @@ $(COREDNS): $(TOOLS)/coredns/go.mod $(TOOLS)/coredns/main.go
 
 $(OCIIMAGE): hack/ociimage/go.mod hack/ociimage/main.go
 	cd hack/ociimage && $(GO) build -o $(OCIIMAGE) .
+
+# crane, to push make image's archive to a registry (docs/deploy.md), from
+# the go-containerregistry that writes the archive.
+$(CRANE): hack/ociimage/go.mod
+	cd hack/ociimage && $(GO) build $(TOOL_LDFLAGS) -o $(CRANE) github.com/google/go-containerregistry/cmd/crane
 
 # The images the manifests name, for the test node: nats-server from the
 # version the tests embed, under the name deploy/nats gives it, and the pod

@@ -4,10 +4,10 @@
 // images are made with it: student-bridge (`make image`), nats-server and
 // the pod sandbox's pause program.
 //
-//	ociimage -tag student-bridge:v0.1.0 -out bin/images/student-bridge.tar \
+//	ociimage -tag student-bridge:v0.2.0 -out bin/images/student-bridge.tar \
 //	    -file bin/image/student-bridge:/student-bridge:0755 \
 //	    -file /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:0644 \
-//	    -entrypoint /student-bridge -user 65532:65532 -label org.opencontainers.image.version=v0.1.0
+//	    -entrypoint /student-bridge -user 65532:65532 -label org.opencontainers.image.version=v0.2.0
 package main
 
 import (
@@ -46,7 +46,7 @@ type file struct {
 func main() {
 	var files, labels, env list
 	out := flag.String("out", "", "Path of the image archive to write (required).")
-	tag := flag.String("tag", "", "The image's name and tag, e.g. student-bridge:v0.1.0 (required).")
+	tag := flag.String("tag", "", "The image's name and tag, e.g. student-bridge:v0.2.0 (required).")
 	entrypoint := flag.String("entrypoint", "", "The image's entrypoint: a path in the image (required).")
 	user := flag.String("user", "65532:65532", "The user:group the image runs as.")
 	flag.Var(&files, "file", "SRC:DST[:MODE] a file of the host at DST in the image, octal MODE (default 0644); repeatable.")
