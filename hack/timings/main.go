@@ -51,7 +51,23 @@ type Timing struct {
 	CPUs    int     `json:"cpus"`
 	// Note says what the figure includes, e.g. where -until stopped it.
 	Note string `json:"note,omitempty"`
+	// Packages are the times go test printed for each package it tested
+	// (its "ok" lines), where the command ran go test.
+	Packages map[string]float64 `json:"packages,omitempty"`
 }
+
+// tiers are docs/development.md's tiers: what a package's tests start.
+var tiers = []struct {
+	name string
+	pkgs []string
+}{
+	{"nothing", []string{"api/contract", "reconciler/queue", "reconciler/records", "internal/config", "internal/stages", "internal/contractgen", "cmd/student-bridge"}},
+	{"NATS", []string{"sink/natssink", "internal/natsconn", "internal/tail", "internal/verify", "internal/fleet", "consumer"}},
+	{"API server", []string{"api/v1", "reconciler", "reconciler/statusview", "internal/kubeevents", "internal/shards", "internal/bridge", "internal/stack", "deploy", "examples/roster"}},
+	{"processes", []string{"test/e2e", "test/bench", "test/node"}},
+}
+
+var okLine = regexp.MustCompile(`^ok\s+github\.com/student-bridge/student-bridge/(\S+)\s+([0-9.]+)s`)
 
 const file = "docs/results/timings.json"
 
@@ -77,7 +93,7 @@ func main() {
 
 func measure(name, state, until, note, dir string, args []string) error {
 	if name == "" || len(args) == 0 {
-		return errors.New("usage: timings -name NAME [-state cold|warm] [-until LINE] -- COMMAND...")
+		return errors.New("usage: timings -name NAME [-state cold|warm] [-until LINE] -- COMMAND")
 	}
 	if state != "cold" && state != "warm" {
 		return fmt.Errorf("-state %q: cold or warm", state)
@@ -108,9 +124,16 @@ func measure(name, state, until, note, dir string, args []string) error {
 		return err
 	}
 	reached := false
+	packages := map[string]float64{}
 	sc := bufio.NewScanner(out)
 	for sc.Scan() {
 		fmt.Println(sc.Text())
+		if m := okLine.FindStringSubmatch(sc.Text()); m != nil {
+			var secs float64
+			if _, err := fmt.Sscan(m[2], &secs); err == nil {
+				packages[m[1]] = secs
+			}
+		}
 		if until != "" && strings.Contains(sc.Text(), until) {
 			reached = true
 			break
@@ -129,6 +152,9 @@ func measure(name, state, until, note, dir string, args []string) error {
 	}
 	t := Timing{Name: name, State: state, Command: strings.Join(args, " "), Seconds: took.Round(time.Second).Seconds(),
 		Date: began.UTC().Format("2006-01-02"), Commit: commit(root), CPUs: runtime.NumCPU(), Note: note}
+	if len(packages) > 0 {
+		t.Packages = packages
+	}
 	var all []Timing
 	if b, err := os.ReadFile(filepath.Join(root, file)); err == nil {
 		if err := json.Unmarshal(b, &all); err != nil {
@@ -179,6 +205,27 @@ func render(page string) error {
 	sb.WriteString("| entry point | state | time | what it includes | measured |\n| --- | --- | --- | --- | --- |\n")
 	for _, t := range all {
 		fmt.Fprintf(&sb, "| `%s` | %s | %s | %s | %s at `%s`, %d CPUs |\n", t.Name, t.State, duration(t.Seconds), t.Note, t.Date, t.Commit, t.CPUs)
+	}
+	for _, t := range all {
+		if len(t.Packages) == 0 {
+			continue
+		}
+		fmt.Fprintf(&sb, "\nIn `%s` (%s, %s at `%s`), the tiers' packages took (each package's time as go test printed it; two run at once):\n\n", t.Name, t.State, t.Date, t.Commit)
+		sb.WriteString("| tier | packages' time | slowest package |\n| --- | --- | --- |\n")
+		for _, tier := range tiers {
+			sum, slowest, slowestName := 0.0, 0.0, ""
+			for _, p := range tier.pkgs {
+				sum += t.Packages[p]
+				if t.Packages[p] > slowest {
+					slowest, slowestName = t.Packages[p], p
+				}
+			}
+			cell := "not run"
+			if slowestName != "" {
+				cell = fmt.Sprintf("`%s`, %s", slowestName, duration(slowest))
+			}
+			fmt.Fprintf(&sb, "| %s | %s | %s |\n", tier.name, duration(sum), cell)
+		}
 	}
 	out := strings.Replace(string(b), m[0], m[1]+sb.String()+m[3], 1)
 	if out != string(b) {

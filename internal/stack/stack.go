@@ -150,7 +150,7 @@ func Start(opts Options) (*Stack, error) {
 	return s, nil
 }
 
-// ErrPolicyNotServed: the API server serves no
+// ErrPolicyNotServed is returned where the API server serves no
 // admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (Kubernetes 1.35
 // and older), so deploy/admission cannot be applied.
 var ErrPolicyNotServed = errors.New("stack: the API server serves no admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (Kubernetes 1.36 or later does)")
