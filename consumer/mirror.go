@@ -132,7 +132,8 @@ const NoSnapshots = "none"
 // On start it rebuilds: the desired state up to where the service's
 // durable consumer stopped, then one change per Student that changed since
 // (for a new service: every current Student; deleted ones dropped). Then it
-// applies every change in stream order, deduplicated by event id, and
+// applies every change, deduplicated by event id, each Student's in stream
+// order and different Students' at once (MirrorOptions.Concurrency), and
 // reports each outcome as a receipt.
 type Mirror struct {
 	o   MirrorOptions

@@ -14,7 +14,7 @@ import (
 // Version is the release this source is, or comes after: CHANGELOG.md's
 // newest section and the chart's appVersion name the same one (a test
 // checks). Builds between two releases say so through Commit.
-var Version = "v0.1.0"
+var Version = "v0.2.0"
 
 // Commit is the git commit the binary was built from, set by the
 // Makefile's -ldflags -X; "unknown" in a build without it (go run, go test).
