@@ -266,6 +266,7 @@ func (m *Mirror) finish(ctx context.Context, o outcome) {
 	p.running = false
 	if o.err == nil {
 		m.settle(o.job, o.state)
+		m.schedule(ctx, o.job.key) // newer events that came meanwhile
 	} else {
 		c := o.job.change
 		p.attempts++
@@ -285,7 +286,7 @@ func (m *Mirror) finish(ctx context.Context, o outcome) {
 
 // settle records the change of j as applied (newState nil: deleted) and
 // lets its events be acknowledged. A Student with newer events than j
-// handed over stays pending, ready again.
+// handed over stays pending.
 func (m *Mirror) settle(j job, newState *Desired) {
 	m.mu.Lock()
 	if newState == nil {
@@ -310,8 +311,6 @@ func (m *Mirror) settle(j job, newState *Desired) {
 	} else {
 		p.seqs = slices.Delete(p.seqs, 0, j.seqs)
 		p.attempts = 0
-		p.ready = true
-		m.ready = append(m.ready, j.key)
 	}
 	m.ack()
 }
