@@ -110,7 +110,7 @@ func run(assets, out string) error {
 	root := stack.RepoRoot()
 	res := Results{
 		Date:    time.Now().UTC().Format("2006-01-02"),
-		Commit:  gitCommit(root),
+		Commit:  stack.RepoCommit(),
 		Command: "go run ./hack/compat " + strings.Join(os.Args[1:], " "),
 	}
 	failed := false
@@ -253,14 +253,6 @@ func skipReason(o *strings.Builder) string {
 		return ""
 	}
 	return strings.TrimSpace(m[1])
-}
-
-func gitCommit(root string) string {
-	out, err := exec.Command("git", "-C", root, "rev-parse", "--short=7", "HEAD").Output()
-	if err != nil {
-		return "unknown"
-	}
-	return strings.TrimSpace(string(out))
 }
 
 var docBlock = regexp.MustCompile(`(?s)(<!-- compat (\S+) -->\n).*?(<!-- end compat -->)`)

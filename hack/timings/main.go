@@ -151,7 +151,7 @@ func measure(name, state, until, note, dir string, args []string) error {
 		return fmt.Errorf("%s ended without printing %q", strings.Join(args, " "), until)
 	}
 	t := Timing{Name: name, State: state, Command: strings.Join(args, " "), Seconds: took.Round(time.Second).Seconds(),
-		Date: began.UTC().Format("2006-01-02"), Commit: commit(root), CPUs: runtime.NumCPU(), Note: note}
+		Date: began.UTC().Format("2006-01-02"), Commit: stack.RepoCommit(), CPUs: runtime.NumCPU(), Note: note}
 	if len(packages) > 0 {
 		t.Packages = packages
 	}
@@ -170,14 +170,6 @@ func measure(name, state, until, note, dir string, args []string) error {
 	}
 	fmt.Printf("timings: %s (%s) took %.0f s\n", name, state, t.Seconds)
 	return os.WriteFile(filepath.Join(root, file), append(b, '\n'), 0o644)
-}
-
-func commit(root string) string {
-	out, err := exec.Command("git", "-C", root, "rev-parse", "--short=7", "HEAD").Output()
-	if err != nil {
-		return "unknown"
-	}
-	return strings.TrimSpace(string(out))
 }
 
 var block = regexp.MustCompile(`(?s)(<!-- timings (\S+) -->\n).*?(<!-- end timings -->)`)

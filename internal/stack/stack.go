@@ -289,6 +289,22 @@ func APIServerVersion(dir string) (minor int, full string, err error) {
 	return minor, full, nil
 }
 
+// RepoCommit is the commit of the repository at RepoRoot, "+dirty" if its
+// tracked files have changes; "" outside a git checkout. A results file
+// names its run with it.
+func RepoCommit() string {
+	root := RepoRoot()
+	out, err := exec.Command("git", "-C", root, "rev-parse", "--short=12", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	c := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "-C", root, "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(st) > 0 {
+		c += "+dirty"
+	}
+	return c
+}
+
 // RepoRoot is the repository this package was built from.
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"runtime"
 	"strings"
 	"time"
 
+	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stages"
 )
 
@@ -126,7 +126,7 @@ func (rep Rep) result(variant string, rate int) result {
 func newResults(o options, results map[cellKey][]result) Results {
 	res := Results{
 		Date:     time.Now().UTC().Format("2006-01-02"),
-		Commit:   commit(),
+		Commit:   stack.RepoCommit(),
 		Command:  command(os.Args[1:]),
 		Machine:  Machine{CPUs: runtime.NumCPU(), OS: runtime.GOOS, Arch: runtime.GOARCH, Go: runtime.Version()},
 		Reps:     o.reps,
@@ -165,20 +165,6 @@ func command(args []string) string {
 		out = append(out, a)
 	}
 	return strings.Join(out, " ")
-}
-
-// commit is the commit the run was built from, "+dirty" if the tree had
-// changes; "" outside a git checkout.
-func commit() string {
-	out, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output()
-	if err != nil {
-		return ""
-	}
-	c := strings.TrimSpace(string(out))
-	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(st) > 0 {
-		c += "+dirty"
-	}
-	return c
 }
 
 // render prints the tables of the results file at path: the load
