@@ -33,7 +33,8 @@ var (
 	publishErrors = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "student_bridge_publish_errors_total",
 		Help: "Publishes that failed, by reason: unavailable (the cluster cannot store now: an election, no quorum, a copy in flight), " +
-			"not_connected, rejected (the broker refused: a full stream, no stream for the subject, permissions), too_large, closed, other. All are retried but too_large.",
+			"not_connected, rejected (the broker refused: a full stream, no stream for the subject, permissions), too_large, closed, " +
+			"conflict (the record store's record changed under a write: an earlier write that timed out and landed, or another writer), other. All are retried but too_large.",
 	}, []string{"reason"})
 
 	publishLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -80,6 +81,7 @@ var errorReasons = []struct {
 	{sink.ErrRejected, "rejected"},
 	{sink.ErrTooLarge, "too_large"},
 	{sink.ErrClosed, "closed"},
+	{sink.ErrConflict, "conflict"},
 	{nil, "other"},
 }
 

@@ -319,7 +319,7 @@ func connectedTo(c *stack.NATSCluster, name string) string {
 func publishErrors(t *testing.T) map[string]float64 {
 	t.Helper()
 	out := map[string]float64{}
-	for _, reason := range []string{"unavailable", "not_connected", "rejected", "too_large", "closed", "other"} {
+	for _, reason := range []string{"unavailable", "not_connected", "rejected", "too_large", "closed", "conflict", "other"} {
 		out[reason] = counter(t, "student_bridge_publish_errors_total", map[string]string{"reason": reason})
 	}
 	return out
