@@ -20,9 +20,10 @@ import (
 // event twice (docs/guarantees.md, "When a consumer can see an event
 // twice"). A bridge publishes an update, the stream acks it, and the bridge
 // stops before its record is written (here: the record store fails, and
-// the records in memory go with the process). The next bridge publishes
-// the change again with the same id: within the stream's duplicate window
-// the stream drops the copy; after it, the stream holds the event twice.
+// the records in memory go with the process). The next bridge finds the
+// update reserved in its record and publishes it again as it was, with
+// the same id: within the stream's duplicate window the stream drops the
+// copy; after it, the stream holds the event twice.
 //
 // With the records in the events' stream (records.store: stream) the
 // event and its record are one write: a bridge that stops right after it
@@ -65,7 +66,8 @@ func TestCrashBeforeTheRecordRepublishes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			f.r.Sink = pub
+			acks := &ackHook{Sink: pub}
+			f.r.Sink = acks
 			inStream, err := natssink.NewStreamRecords(pub, cfg.Name, prefix, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -84,11 +86,14 @@ func TestCrashBeforeTheRecordRepublishes(t *testing.T) {
 			f.create("once", nil)
 			f.mustReconcile("once")
 			f.update("once", func(s *studentv1.Student) { s.Spec.School = "beijing" })
-			f.store.Fail(errors.New("the bridge stopped"))
+			// The bridge stops once the update is acknowledged: its
+			// reservation is written, its record after the ack is not.
+			acks.after = func() { f.store.Fail(errors.New("the bridge stopped")) }
 			crashing.stop = true
 			if err := f.reconcile("once"); err == nil {
 				t.Fatal("the update went out and the bridge did not stop")
 			}
+			acks.after = nil
 			// The next bridge: the records as the store holds them.
 			time.Sleep(tc.downFor)
 			f.store.Fail(nil)
@@ -132,4 +137,19 @@ func (s *stopsAfterCommit) Commit(ctx context.Context, ev cloudevents.Event, key
 		return sink.Receipt{}, 0, errors.New("the bridge stopped")
 	}
 	return receipt, rev, err
+}
+
+// ackHook is a sink that calls after, if set, once an event it publishes
+// is acknowledged.
+type ackHook struct {
+	sink.Sink
+	after func()
+}
+
+func (a *ackHook) Publish(ctx context.Context, ev cloudevents.Event) (sink.Receipt, error) {
+	receipt, err := a.Sink.Publish(ctx, ev)
+	if err == nil && a.after != nil {
+		a.after()
+	}
+	return receipt, err
 }

@@ -6,6 +6,7 @@ package reconciler
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -158,6 +159,9 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 	defer cancel()
 	if err := r.Records.Wait(ctx); err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.publishReserved(ctx, req.NamespacedName); err != nil {
 		return ctrl.Result{}, err
 	}
 
@@ -369,9 +373,11 @@ func (r *StudentReconciler) reconcileReplaced(ctx context.Context, stu *studentv
 }
 
 // lastPublished is the event a record says was last published: nil without
-// a record (ok false) or while its first event is pending.
+// a record (ok false), while its first event is pending, and while an event
+// is reserved (until publishReserved publishes it, nothing is known to be
+// out, and the Student counts as one with a change to publish).
 func lastPublished(rec studentv1.StudentRecord, ok bool) *studentv1.PublishedEvent {
-	if !ok || rec.Pending {
+	if !ok || rec.Pending || rec.Reserved() {
 		return nil
 	}
 	return &rec.Published
@@ -418,12 +424,53 @@ func PatchFinalizers(ctx context.Context, c client.Client, reader client.Reader,
 	return err
 }
 
+// publishReserved publishes the reserved event of each record of key that
+// is pending (see publish), as it was reserved, and records it as
+// published. Whoever reserved it (this bridge before a failure or a
+// restart, or the replica that held the Student's shard before, and may
+// still be running) may have published it or not: published again with
+// the same id it is in the stream once (the stream drops a copy within its
+// duplicate window), and no other event takes its number.
+func (r *StudentReconciler) publishReserved(ctx context.Context, key types.NamespacedName) error {
+	for _, rec := range r.Records.ForName(key) {
+		if !rec.Reserved() {
+			continue
+		}
+		// The store must hold the reservation before its event goes out.
+		if err := r.Records.Flush(ctx); err != nil {
+			return r.failed(key, fmt.Errorf("the record store holds back %d record(s); publishing nothing new: %w", r.Records.Unsaved(), err))
+		}
+		var ev cloudevents.Event
+		if err := json.Unmarshal(rec.Event, &ev); err != nil {
+			return r.failed(key, reconcile.TerminalError(fmt.Errorf("the reserved event of %s (uid %s) cannot be read: %w", key, rec.UID, err)))
+		}
+		receipt, err := send(ctx, r.Sink, ev)
+		if err != nil {
+			return r.failed(key, fmt.Errorf("publish reserved %s %s: %w", rec.Published.Type, ev.ID(), err))
+		}
+		log.FromContext(ctx).Info("published a reserved event", "type", ev.Type(), "id", ev.ID(), "uid", rec.UID,
+			"sequence", receipt.Sequence, "duplicate", receipt.Duplicate)
+		rec.Pending, rec.Event = false, nil
+		rec.Published.Sequence = int64(receipt.Sequence)
+		if err := r.save(ctx, stages.Record, rec); err != nil {
+			return r.failed(key, fmt.Errorf("record reserved %s %s: %w", rec.Published.Type, ev.ID(), err))
+		}
+	}
+	return nil
+}
+
 // publish sends the event of type typ for stu and records it once the
 // broker acknowledged it. last is what was published before (nil if
 // nothing). Nothing is published while the record store holds back an
-// earlier record (fail closed). A Student's first event is recorded as
-// pending before it goes out, so that a bridge stopping right after the
-// publish still knows of it.
+// earlier record (fail closed).
+//
+// The event is reserved first: its record, pending and carrying the
+// event, is written with compare-and-set on the revision this bridge
+// holds. A writer that lost the Student (a replica paused or cut off past
+// its Lease, or one whose records are behind the store's) is refused
+// there, before its event goes out; and a reservation whose event never
+// got its ack is published as it is by whoever reads it next
+// (publishReserved). So each of a Student's numbers goes to one event.
 func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student, typ string, last *studentv1.PublishedEvent) (err error) {
 	ctx, span := startPublish(ctx, stu, typ)
 	defer func() { endSpan(span, err) }()
@@ -440,9 +487,10 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 	}
 	seq := contract.Sequence(typ, last)
 	stored, known := r.Records.Get(stu.UID)
-	if known && stored.Pending && stored.Published.ID != ev.ID() {
-		// The first event may be out already (its record is pending):
-		// this one counts on from it, so no two events share a number.
+	if known && stored.Pending && !stored.Reserved() && stored.Published.ID != ev.ID() {
+		// A first event reserved before v0.3.0, without the event: it
+		// may be out already, so this one counts on from it, and no two
+		// events share a number.
 		seq, previousID = stored.Published.StudentSequence+1, stored.Published.ID
 	}
 	contract.Chain(&ev, seq, previousID)
@@ -470,14 +518,18 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 	if c := r.Records.Committer(); c != nil {
 		return r.commit(ctx, c, stu, ev, rec)
 	}
-	if !known {
-		pending := rec
-		pending.Pending = true
-		if err := r.save(ctx, stages.WriteAhead, pending); err != nil {
-			err = fmt.Errorf("record %s %s before it goes out: %w", typ, ev.ID(), err)
-			r.warn(ctx, stu, err, "%v", err)
-			return r.failed(key, terminalIfInvalid(err))
-		}
+	// A first event's reservation is pending too, as before v0.3.0: a
+	// replica of an earlier release, during a rolling upgrade, counts on
+	// from it; a later event's looks published to such a replica.
+	reserved := rec
+	reserved.Pending = !known
+	if reserved.Event, err = json.Marshal(ev); err != nil {
+		return r.failed(key, reconcile.TerminalError(fmt.Errorf("encode %s event %s: %w", typ, ev.ID(), err)))
+	}
+	if err := r.save(ctx, stages.WriteAhead, reserved); err != nil {
+		err = fmt.Errorf("reserve %s %s before it goes out: %w", typ, ev.ID(), err)
+		r.warn(ctx, stu, err, "%v", err)
+		return r.failed(key, terminalIfInvalid(err))
 	}
 
 	sendCtx, sendSpan := startStep(ctx, "jetstream publish")

@@ -1,6 +1,8 @@
 package v1
 
 import (
+	"encoding/json"
+
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -146,11 +148,24 @@ type StudentRecord struct {
 	// uid of the Student; also the record's key.
 	UID types.UID `json:"uid"`
 	// published is the last event JetStream acknowledged for the Student,
-	// or, while pending, the first event about to be published.
+	// or, while event is set, the event reserved to go out next.
 	Published PublishedEvent `json:"published"`
-	// pending is true while the Student's first event is on its way: the
-	// record is written before it, so a bridge that stops right after the
-	// publish still knows the Student may have been announced.
+	// pending is true while the Student's first event is reserved (see
+	// event): nothing of the Student is known to be out yet.
 	// +optional
 	Pending bool `json:"pending,omitempty"`
+	// event is set while the event in published is reserved: the record is
+	// written with compare-and-set before the event goes out, so that only
+	// one writer can give the Student's next number to an event, and
+	// whoever reads the record next (the same bridge after a restart, or
+	// the replica that takes over its shard) publishes this CloudEvent
+	// (structured JSON) as it is, with the same id, before any other. It
+	// is cleared once JetStream acknowledged it. Records written before
+	// v0.3.0 have none.
+	// +optional
+	Event json.RawMessage `json:"event,omitempty"`
 }
+
+// Reserved reports whether the record reserves an event that may not be
+// out yet (event is set).
+func (r StudentRecord) Reserved() bool { return len(r.Event) > 0 }

@@ -204,6 +204,8 @@ func (b *builder) typeSchema(e ast.Expr) (Schema, error) {
 			return Schema{"type": "string", "format": "date-time"}, nil
 		case "types.UID":
 			return Schema{"type": "string"}, nil
+		case "json.RawMessage":
+			return Schema{"type": "object"}, nil
 		default:
 			return nil, fmt.Errorf("no schema for %s", pkg)
 		}

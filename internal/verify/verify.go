@@ -7,6 +7,7 @@ package verify
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -363,10 +364,20 @@ func checkRecords(records map[string]studentv1.StudentRecord, byUID map[string]*
 		}
 		p := rec.Published
 		switch {
-		case rec.Pending && (!ok || last.ID == p.ID):
-			// Its first event is on its way, or out and not yet recorded.
-		case rec.Pending:
-			add(StaleRecord, rec.Namespace, rec.Name, uid, "the record says its first event %s is pending, but the stream's last event of it is %s", p.ID, last.ID)
+		case rec.Pending || rec.Reserved():
+			// Its reserved event is on its way, or out and not yet
+			// recorded: the stream ends with it, or with the event it
+			// follows.
+			after := reservedAfter(rec)
+			switch {
+			case ok && (last.ID == p.ID || last.ID == after), !ok && (after == "" || agedOut):
+			case ok:
+				add(StaleRecord, rec.Namespace, rec.Name, uid, "the record reserves %s %s (sequence %d) after %s, but the stream's last event of it is %s %s (sequence %d)",
+					studentv1.Operation(p.Type), p.ID, p.StudentSequence, cmp.Or(after, "nothing"), studentv1.Operation(last.Type), last.ID, last.Sequence)
+			default:
+				add(StaleRecord, rec.Namespace, rec.Name, uid, "the record reserves %s %s (sequence %d) after %s; the stream has no event of this Student",
+					studentv1.Operation(p.Type), p.ID, p.StudentSequence, after)
+			}
 		case !ok && agedOut:
 			// Its events may have left the stream.
 		case !ok:
@@ -386,6 +397,18 @@ func checkRecords(records map[string]studentv1.StudentRecord, byUID map[string]*
 		add(StaleRecord, md.Namespace, md.Name, uid, "the stream's last event of it is %s %s (stream sequence %d); the record store has no record of it",
 			studentv1.Operation(last.Type), last.ID, last.StreamSequence)
 	}
+}
+
+// reservedAfter is the id of the event a pending record's reserved event
+// names as the one before it ("" for a first event, and for a record
+// written before v0.3.0, which carries no event).
+func reservedAfter(rec studentv1.StudentRecord) string {
+	var ev map[string]any
+	if json.Unmarshal(rec.Event, &ev) != nil {
+		return ""
+	}
+	after, _ := ev[studentv1.ExtensionPreviousID].(string)
+	return after
 }
 
 func sameState(d studentv1.StudentEventData, s *studentv1.Student) bool {

@@ -445,10 +445,12 @@ func (r *Set) settleLocked(ctx context.Context, uid types.UID, e *entry, revisio
 		e.revision = revision
 		delete(r.unsaved, uid)
 		return nil
-	case errors.Is(err, sink.ErrConflict) && r.byUID[uid] == e:
+	case errors.Is(err, sink.ErrConflict) && r.byUID[uid] == e && !e.rec.Reserved():
 		// The store may hold a record older than e, whose event is out
 		// (the store took a write of ours whose answer was lost, say):
-		// then e is written over it, not forgotten.
+		// then e is written over it, not forgotten. A reservation's event
+		// is not out: whoever wrote first keeps the number, and e is
+		// forgotten.
 		r.rereadLocked(ctx, uid, e)
 	case errors.Is(err, sink.ErrConflict), errors.Is(err, sink.ErrTooLarge):
 		r.rereadLocked(ctx, uid, nil)

@@ -16,6 +16,11 @@ import (
 
 // Sink records every event it accepts.
 type Sink struct {
+	// Acked, if set, is called with each event the Sink accepts, once it
+	// has (the moment its ack reaches the bridge): a test makes the bridge
+	// fail right after a publish there.
+	Acked func(cloudevents.Event)
+
 	mu     sync.Mutex
 	events []cloudevents.Event
 	ids    map[string]uint64
@@ -27,6 +32,14 @@ var _ sink.Sink = (*Sink)(nil)
 // Publish implements sink.Sink. An event whose id was accepted before is a
 // duplicate, as in a JetStream stream's duplicate window.
 func (s *Sink) Publish(_ context.Context, ev cloudevents.Event) (sink.Receipt, error) {
+	receipt, err := s.publish(ev)
+	if err == nil && !receipt.Duplicate && s.Acked != nil {
+		s.Acked(ev)
+	}
+	return receipt, err
+}
+
+func (s *Sink) publish(ev cloudevents.Event) (sink.Receipt, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.err != nil {

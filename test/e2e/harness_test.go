@@ -40,11 +40,6 @@ type world struct {
 	// many clusters names it).
 	cluster string
 
-	// repeatsAllowed lets verify's findings of an event numbered as the
-	// one before it pass: the documented exception of a replica killed
-	// with an update's record write unacknowledged (docs/guarantees.md).
-	repeatsAllowed bool
-
 	mu      sync.Mutex
 	states  map[types.UID]map[string]bool // every spec+labels a Student had
 	deleted map[types.UID]string          // uid -> name of deleted Students
@@ -225,15 +220,12 @@ type report struct {
 	// see them: nothing was published for them, neither created nor deleted,
 	// which is consistent for consumers (they never learnt of them).
 	Unobserved int
-	// Repeats counts events numbered as the one before them, where the
-	// world allows them (repeatsAllowed).
-	Repeats  int
-	Recovery time.Duration
+	Recovery   time.Duration
 }
 
 func (r report) String() string {
-	return fmt.Sprintf("changes=%d students=%d deleted=%d delivered=%d duplicates=%d out-of-order=%d unobserved=%d repeated-numbers=%d recovery=%s",
-		r.Changes, r.Students, r.Deleted, r.Delivered, r.Duplicates, r.OutOfOrder, r.Unobserved, r.Repeats, r.Recovery.Round(10*time.Millisecond))
+	return fmt.Sprintf("changes=%d students=%d deleted=%d delivered=%d duplicates=%d out-of-order=%d unobserved=%d recovery=%s",
+		r.Changes, r.Students, r.Deleted, r.Delivered, r.Duplicates, r.OutOfOrder, r.Unobserved, r.Recovery.Round(10*time.Millisecond))
 }
 
 // verify checks the stream against the API server's truth with the
@@ -243,33 +235,12 @@ func (r report) String() string {
 // order), and then with what only the test knows: no event carries a state
 // that never existed, and a deleted event carries the Student's final
 // state (or, without the finalizer policy, a state it had).
-// repeatedNumber says whether f is a gap of an event numbered as the one
-// before it (not a number skipped).
-func repeatedNumber(f verify.Finding) bool {
-	var id string
-	var seq, n, prev int64
-	_, err := fmt.Sscanf(f.Detail, "event %s (stream sequence %d) is number %d of the Student's, after number %d", &id, &seq, &n, &prev)
-	return f.Kind == verify.Gap && err == nil && n == prev
-}
-
 func (w *world) verify(ns string) (report, error) {
 	ctx := context.Background()
 	src := verify.Source{NATS: w.nc, Stream: w.stream, Bucket: "STUDENT_BRIDGE_PUBLISHED", Kube: w.st.Client, Namespaces: []string{ns}, Cluster: w.cluster}
 	checked, err := verify.Verify(ctx, src, verify.Options{Strict: true})
 	if err != nil {
 		return report{}, err
-	}
-	repeats := 0
-	if w.repeatsAllowed {
-		kept := checked.Findings[:0]
-		for _, f := range checked.Findings {
-			if repeatedNumber(f) {
-				repeats++
-				continue
-			}
-			kept = append(kept, f)
-		}
-		checked.Findings = kept
 	}
 	events, err := stacktest.StreamEvents(ctx, w.nc, w.stream)
 	if err != nil {
@@ -278,7 +249,7 @@ func (w *world) verify(ns string) (report, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	r := report{Changes: w.changes, Delivered: len(events), Deleted: len(w.deleted), Students: checked.Students,
-		OutOfOrder: checked.Count(verify.OutOfOrder), Repeats: repeats}
+		OutOfOrder: checked.Count(verify.OutOfOrder)}
 	if err := checked.Err(); err != nil {
 		return r, err
 	}
