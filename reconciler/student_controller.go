@@ -455,6 +455,8 @@ func (r *StudentReconciler) publishReserved(ctx context.Context, key types.Names
 		if err := r.save(ctx, stages.Record, rec); err != nil {
 			return r.failed(key, fmt.Errorf("record reserved %s %s: %w", rec.Published.Type, ev.ID(), err))
 		}
+		r.failures.Delete(key)
+		r.Status.Enqueue(key)
 	}
 	return nil
 }
