@@ -148,11 +148,17 @@ func HasSource(sources []*jetstream.StreamSource, src *jetstream.StreamSource) b
 	})
 }
 
-// PurgeDeleteMarkers removes the delete markers older than a minute that
-// removed records leave behind, so they do not pile up in the bucket.
+// DeleteMarkerAge is how long a removed record's delete marker stays in
+// the bucket. While it is there, a writer that still thinks the key has
+// no record (a replica paused before its first reservation of a Student
+// that another replica then published, deleted and removed) is refused.
+const DeleteMarkerAge = 10 * time.Minute
+
+// PurgeDeleteMarkers removes the delete markers older than DeleteMarkerAge
+// that removed records leave behind, so they do not pile up in the bucket.
 func (s *KV) PurgeDeleteMarkers(ctx context.Context) error {
 	count(requestPurge)
-	if err := s.kv.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(time.Minute)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if err := s.kv.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(DeleteMarkerAge)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return s.classify("purge delete markers", err)
 	}
 	return nil
@@ -292,19 +298,17 @@ func lastMsg(ctx context.Context, nc *nats.Conn, stream, subject string) (uint64
 	return resp.Message.Sequence, h, resp.Message.Data, nil
 }
 
-// Put implements sink.Store: a create when revision is 0, else an update at
-// revision.
+// Put implements sink.Store: a write if the key is at revision (0: it has
+// no value and no delete marker), else sink.ErrConflict.
 func (s *KV) Put(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	count(requestWrite)
-	var rev uint64
-	var err error
-	if revision == 0 {
-		rev, err = s.kv.Create(ctx, key, value)
-	} else {
-		rev, err = s.kv.Update(ctx, key, value, revision)
-	}
+	// Revision 0 means the key has never had a value, or its delete
+	// marker is gone (PurgeDeleteMarkers): kv.Create would also write over
+	// a marker, and so let a replica that lost the Student (paused before
+	// its first reservation) bring back a record another one removed.
+	rev, err := s.kv.Update(ctx, key, value, revision)
 	if err != nil {
 		return 0, s.mover.Observe(s.classify("put "+key, err))
 	}
