@@ -437,8 +437,8 @@ func (r *StudentReconciler) publishReserved(ctx context.Context, key types.Names
 			continue
 		}
 		// The store must hold the reservation before its event goes out.
-		if err := r.Records.Flush(ctx); err != nil {
-			return r.failed(key, fmt.Errorf("the record store holds back %d record(s); publishing nothing new: %w", r.Records.Unsaved(), err))
+		if err := r.flush(ctx); err != nil {
+			return r.failed(key, err)
 		}
 		var ev cloudevents.Event
 		if err := json.Unmarshal(rec.Event, &ev); err != nil {
@@ -457,6 +457,15 @@ func (r *StudentReconciler) publishReserved(ctx context.Context, key types.Names
 		}
 		r.failures.Delete(key)
 		r.Status.Enqueue(key)
+	}
+	return nil
+}
+
+// flush writes the records the store has held back (Records.Flush): until
+// it took them, nothing new may be published.
+func (r *StudentReconciler) flush(ctx context.Context) error {
+	if err := r.Records.Flush(ctx); err != nil {
+		return fmt.Errorf("the record store holds back %d record(s); publishing nothing new: %w", r.Records.Unsaved(), err)
 	}
 	return nil
 }
@@ -512,8 +521,7 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		},
 	}
 
-	if err := r.Records.Flush(ctx); err != nil {
-		err = fmt.Errorf("the record store holds back %d record(s); publishing nothing new: %w", r.Records.Unsaved(), err)
+	if err := r.flush(ctx); err != nil {
 		r.warn(ctx, stu, err, "%v", err)
 		return r.failed(key, err)
 	}
