@@ -16,10 +16,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/internal/scheme"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
@@ -98,12 +96,7 @@ func TestMemoryLimitHolds10000Students(t *testing.T) {
 		t.Fatal(err)
 	}
 	testNamespaces = append(testNamespaces, ns.Name)
-	cfg := *nd.cfg
-	cfg.QPS, cfg.Burst = 1000, 2000
-	c, err := client.New(&cfg, client.Options{Scheme: scheme.New()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := unthrottledClient(t)
 	start := time.Now()
 	var next, failed atomic.Int64
 	var wg sync.WaitGroup
