@@ -114,6 +114,9 @@ func measure(name, state, until, note, dir string, args []string) error {
 		cmd.Env = append(cmd.Env, "GOCACHE="+cache)
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// The commit measured is the one the command runs on, as it was
+	// before it ran.
+	commit := stack.CommitAt(cmd.Dir)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return err
@@ -151,7 +154,7 @@ func measure(name, state, until, note, dir string, args []string) error {
 		return fmt.Errorf("%s ended without printing %q", strings.Join(args, " "), until)
 	}
 	t := Timing{Name: name, State: state, Command: strings.Join(args, " "), Seconds: took.Round(time.Second).Seconds(),
-		Date: began.UTC().Format("2006-01-02"), Commit: stack.RepoCommit(), CPUs: runtime.NumCPU(), Note: note}
+		Date: began.UTC().Format("2006-01-02"), Commit: commit, CPUs: runtime.NumCPU(), Note: note}
 	if len(packages) > 0 {
 		t.Packages = packages
 	}

@@ -293,7 +293,12 @@ func APIServerVersion(dir string) (minor int, full string, err error) {
 // tracked files have changes; "" outside a git checkout. A results file
 // names its run with it.
 func RepoCommit() string {
-	root := RepoRoot()
+	return CommitAt(RepoRoot())
+}
+
+// CommitAt is RepoCommit of the checkout at root (a fresh clone a run was
+// measured in, say).
+func CommitAt(root string) string {
 	out, err := exec.Command("git", "-C", root, "rev-parse", "--short=12", "HEAD").Output()
 	if err != nil {
 		return ""
