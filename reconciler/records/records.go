@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/student-bridge/student-bridge/api/contract"
@@ -29,7 +30,7 @@ const (
 var (
 	storeOps = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "student_bridge_record_store_operations_total",
-		Help: "Operations on the record store (the key-value bucket of what was published), by operation (load, put, delete) and result (success, conflict, error).",
+		Help: "Operations on the record store (the key-value bucket of what was published), by operation (load, get, put, delete) and result (success, conflict, error).",
 	}, []string{"op", "result"})
 	loadDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "student_bridge_record_store_load_duration_seconds",
@@ -53,7 +54,7 @@ var registerOnce sync.Once
 func RegisterMetrics() {
 	registerOnce.Do(func() {
 		metrics.Registry.MustRegister(storeOps, loadDuration, recordsGauge, unsavedGauge)
-		for _, op := range []string{"load", "put", "delete"} {
+		for _, op := range []string{"load", "get", "put", "delete"} {
 			for _, result := range []string{resultSuccess, "conflict", resultError} {
 				storeOps.WithLabelValues(op, result)
 			}
@@ -70,8 +71,15 @@ func RegisterMetrics() {
 // so it must not be published again, and nothing new is published until the
 // store takes the write (fail closed: a store that cannot record would let a
 // restart republish everything).
+//
+// No round trip to the store is made under mu, which every reconcile and
+// the informer's transform (Share) take: a store that stops answering
+// holds up the Student whose record is being written, not the others.
 type Set struct {
 	store sink.Store
+
+	// flushing is held by the one flusher writing unsaved records.
+	flushing sync.Mutex
 
 	mu     sync.Mutex
 	byUID  map[types.UID]*entry
@@ -368,34 +376,39 @@ func (r *Set) All() []studentv1.StudentRecord {
 // error returned: the event it records is out and must not go out again.
 //
 // The write goes out without holding the lock, so reconciles of other
-// Students write theirs meanwhile; a Student is never reconciled twice at
-// once, so nobody else in this bridge writes the same key. While earlier
-// records wait for the store (after a failure), they are written first,
-// under the lock, in one go.
+// Students read and write theirs meanwhile; a Student is never reconciled
+// twice at once, so nobody else in this bridge writes the same key. While
+// earlier records wait for the store (after a failure), rec joins them and
+// the flusher writes them all.
 func (r *Set) Save(ctx context.Context, rec studentv1.StudentRecord) error {
 	uid := rec.UID
 	r.mu.Lock()
 	if len(r.unsaved) > 0 {
-		defer r.mu.Unlock()
+		r.mu.Unlock()
+		// Under flushing, no write of uid's older record is in flight.
+		r.flushing.Lock()
+		defer r.flushing.Unlock()
+		r.mu.Lock()
 		r.setLocked(rec, r.revisionLocked(uid), false)
-		return r.flushLocked(ctx)
+		r.mu.Unlock()
+		return r.flushHeld(ctx)
 	}
 	revision := r.revisionLocked(uid)
 	r.setLocked(rec, revision, true)
 	e := r.byUID[uid]
 	r.mu.Unlock()
+	return r.put(ctx, uid, e, rec, revision)
+}
 
+// put writes rec, held as e for uid, over the store's revision, and
+// settles the outcome. It takes the lock only around memory.
+func (r *Set) put(ctx context.Context, uid types.UID, e *entry, rec studentv1.StudentRecord, revision uint64) error {
 	value, err := json.Marshal(rec)
 	if err != nil {
 		return fmt.Errorf("encode record %s: %w", uid, err)
 	}
 	newRevision, err := r.store.Put(ctx, contract.RecordKey(uid), value, revision)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	err = r.settleLocked(ctx, uid, e, newRevision, err)
-	unsavedGauge.Set(float64(len(r.unsaved)))
-	recordsGauge.Set(float64(len(r.byUID)))
-	return err
+	return r.settle(ctx, uid, e, newRevision, err)
 }
 
 // Commit writes rec with its event through commit (a sink.Committer's
@@ -418,56 +431,77 @@ func (r *Set) Commit(ctx context.Context, rec studentv1.StudentRecord, commit fu
 	r.mu.Unlock()
 	newRevision, eventSequence, err := commit(contract.RecordKey(uid), value, revision)
 	storeOps.WithLabelValues("put", opResult(err)).Inc()
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	switch {
 	case err == nil:
 		rec.Published.Sequence = int64(eventSequence)
+		r.mu.Lock()
+		defer r.mu.Unlock()
 		r.setLocked(rec, newRevision, true)
 		recordsGauge.Set(float64(len(r.byUID)))
 		return nil
 	case errors.Is(err, sink.ErrConflict):
-		r.rereadLocked(ctx, uid, nil)
+		r.reread(ctx, uid, nil)
 	}
 	return fmt.Errorf("commit record %s: %w", uid, err)
 }
 
-// settleLocked records the outcome of writing entry e of uid: its new
+// settle records the outcome of writing entry e of uid: its new
 // revision, or, on a conflict or a record that will never fit, what the
 // store holds (another writer's record is the truth, and holding back one
 // that never fits would block every other Student), or else e kept as
 // unsaved. A conflict with a record older than e keeps e too: its event
 // is out, and the record that says so must not be lost to an older one.
-func (r *Set) settleLocked(ctx context.Context, uid types.UID, e *entry, revision uint64, err error) error {
+func (r *Set) settle(ctx context.Context, uid types.UID, e *entry, revision uint64, err error) error {
 	storeOps.WithLabelValues("put", opResult(err)).Inc()
+	r.mu.Lock()
+	current := r.byUID[uid] == e
 	switch {
 	case err == nil:
 		e.revision = revision
-		delete(r.unsaved, uid)
+		if current {
+			delete(r.unsaved, uid)
+		}
+		r.gaugesLocked()
+		r.mu.Unlock()
 		return nil
-	case errors.Is(err, sink.ErrConflict) && r.byUID[uid] == e && !e.rec.Reserved():
+	case errors.Is(err, sink.ErrConflict) && current && !e.rec.Reserved():
 		// The store may hold a record older than e, whose event is out
 		// (the store took a write of ours whose answer was lost, say):
 		// then e is written over it, not forgotten. A reservation's event
 		// is not out: whoever wrote first keeps the number, and e is
 		// forgotten.
-		r.rereadLocked(ctx, uid, e)
+		r.mu.Unlock()
+		r.reread(ctx, uid, e)
 	case errors.Is(err, sink.ErrConflict), errors.Is(err, sink.ErrTooLarge):
-		r.rereadLocked(ctx, uid, nil)
-	case r.byUID[uid] == e:
-		r.unsaved[uid] = struct{}{}
+		r.mu.Unlock()
+		r.reread(ctx, uid, nil)
+	default:
+		if current {
+			r.unsaved[uid] = struct{}{}
+		}
+		r.gaugesLocked()
+		r.mu.Unlock()
 	}
 	return fmt.Errorf("write record %s: %w", uid, err)
 }
 
 // Flush writes the records whose write failed before. It returns nil once
 // the store holds everything this bridge published; only then may it
-// publish again.
+// publish again. While another reconcile's flush is under way it does not
+// wait for it: it returns an error at once, and the caller tries again.
 func (r *Set) Flush(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.flushLocked(ctx)
+	if r.Unsaved() == 0 {
+		return nil
+	}
+	if !r.flushing.TryLock() {
+		return errFlushing
+	}
+	defer r.flushing.Unlock()
+	return r.flushHeld(ctx)
 }
+
+// errFlushing is Flush's answer while another flush is under way.
+var errFlushing = errors.New("another reconcile is writing the held-back records")
 
 // Unsaved reports how many records wait for the store.
 func (r *Set) Unsaved() int {
@@ -498,44 +532,70 @@ func (r *Set) Remove(ctx context.Context, uid types.UID) error {
 		err = r.store.Delete(ctx, contract.RecordKey(uid), revision)
 		storeOps.WithLabelValues("delete", opResult(err)).Inc()
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if errors.Is(err, sink.ErrConflict) {
-		r.rereadLocked(ctx, uid, nil)
+		r.reread(ctx, uid, nil)
 	}
 	if err != nil {
 		return fmt.Errorf("delete record %s: %w", uid, err)
 	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.dropLocked(uid)
 	recordsGauge.Set(float64(len(r.byUID)))
 	return nil
 }
 
-func (r *Set) flushLocked(ctx context.Context) error {
-	var errs []error
+// flushHeld writes the unsaved records one after another, with flushing
+// held and mu taken only around memory. It stops at the first write the
+// store does not answer (the rest would wait as long, each); a conflict
+// or a record that never fits is settled and the flush goes on.
+func (r *Set) flushHeld(ctx context.Context) error {
+	type pending struct {
+		uid      types.UID
+		e        *entry
+		rec      studentv1.StudentRecord
+		revision uint64
+	}
+	r.mu.Lock()
+	todo := make([]pending, 0, len(r.unsaved))
 	for uid := range r.unsaved {
 		e := r.byUID[uid]
-		value, err := json.Marshal(e.rec)
-		if err != nil {
-			return fmt.Errorf("encode record %s: %w", uid, err)
+		todo = append(todo, pending{uid, e, e.rec, e.revision})
+	}
+	r.mu.Unlock()
+	var errs []error
+	for _, p := range todo {
+		err := r.put(ctx, p.uid, p.e, p.rec, p.revision)
+		if err == nil {
+			continue
 		}
-		rev, err := r.store.Put(ctx, contract.RecordKey(uid), value, e.revision)
-		if err := r.settleLocked(ctx, uid, e, rev, err); err != nil {
-			errs = append(errs, err)
+		errs = append(errs, err)
+		if !errors.Is(err, sink.ErrConflict) && !errors.Is(err, sink.ErrTooLarge) {
+			break
 		}
 	}
-	unsavedGauge.Set(float64(len(r.unsaved)))
-	recordsGauge.Set(float64(len(r.byUID)))
 	return errors.Join(errs...)
 }
 
-// rereadLocked replaces the memory of uid with what the store holds,
-// unless newer is held for uid and the store's record is older than it
-// (an earlier number of the Student's events): then newer stays, unsaved,
-// at the store's revision, so that its next write goes over that record.
-func (r *Set) rereadLocked(ctx context.Context, uid types.UID, newer *entry) {
+// reread replaces the memory of uid with what the store holds, unless
+// newer is held for uid and the store's record is older than it (an
+// earlier number of the Student's events): then newer stays, unsaved, at
+// the store's revision, so that its next write goes over that record. The
+// read goes out without the lock; a failed one keeps the memory as it is,
+// and is logged and counted.
+func (r *Set) reread(ctx context.Context, uid types.UID, newer *entry) {
 	key := contract.RecordKey(uid)
 	rec, err := r.store.Get(ctx, key)
+	switch {
+	case err == nil, errors.Is(err, sink.ErrNotFound):
+		storeOps.WithLabelValues("get", resultSuccess).Inc()
+	default:
+		storeOps.WithLabelValues("get", resultError).Inc()
+		log.FromContext(ctx).Error(err, "Reading a record again after a failed write failed; the bridge's memory of it stays", "uid", uid)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	defer r.gaugesLocked()
 	if errors.Is(err, sink.ErrNotFound) {
 		r.dropLocked(uid)
 		return
@@ -547,6 +607,12 @@ func (r *Set) rereadLocked(ctx context.Context, uid types.UID, newer *entry) {
 	default:
 		r.setLocked(sr, rec.Revision, true)
 	}
+}
+
+// gaugesLocked sets the gauges of records held and unsaved.
+func (r *Set) gaugesLocked() {
+	unsavedGauge.Set(float64(len(r.unsaved)))
+	recordsGauge.Set(float64(len(r.byUID)))
 }
 
 // keepNewerLocked keeps e, held for uid, over the store's record stored

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
@@ -25,6 +27,21 @@ func loaded(t *testing.T, store sink.Store) *records.Set {
 		t.Fatal(err)
 	}
 	return recs
+}
+
+// savedAB saves the created records of Students a and b in recs, and
+// returns how the test makes a record of uid and event type typ.
+func savedAB(t *testing.T, recs *records.Set) func(uid, typ string) studentv1.StudentRecord {
+	t.Helper()
+	rec := func(uid, typ string) studentv1.StudentRecord {
+		return studentv1.StudentRecord{Namespace: "ns", Name: uid, UID: types.UID(uid), Published: studentv1.PublishedEvent{Type: typ, ID: uid + "-" + typ}}
+	}
+	for _, uid := range []string{"a", "b"} {
+		if err := recs.Save(context.Background(), rec(uid, studentv1.EventTypeCreated)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return rec
 }
 
 // gatedStore holds every Delete until release is closed, telling deleting
@@ -49,14 +66,7 @@ func TestRemoveHoldsUpNoOtherStudent(t *testing.T) {
 	ctx := context.Background()
 	store := &gatedStore{Store: &sinktest.Store{}, deleting: make(chan struct{}), release: make(chan struct{})}
 	recs := loaded(t, store)
-	rec := func(uid, typ string) studentv1.StudentRecord {
-		return studentv1.StudentRecord{Namespace: "ns", Name: uid, UID: types.UID(uid), Published: studentv1.PublishedEvent{Type: typ, ID: uid + "-" + typ}}
-	}
-	for _, uid := range []string{"a", "b"} {
-		if err := recs.Save(ctx, rec(uid, studentv1.EventTypeCreated)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	rec := savedAB(t, recs)
 
 	removed := make(chan error, 1)
 	go func() { removed <- recs.Remove(ctx, "a") }()
@@ -91,6 +101,94 @@ func TestRemoveHoldsUpNoOtherStudent(t *testing.T) {
 	}
 	if keys := store.Keys(); len(keys) != 1 || keys[0] != "b" {
 		t.Errorf("the store holds %v, want [b]", keys)
+	}
+}
+
+// stallingStore stops answering writes while stalled: a Put waits until
+// release is closed (or its context ends), telling putting when it
+// arrives, as a bucket whose leader froze.
+type stallingStore struct {
+	*sinktest.Store
+	stalled atomic.Bool
+	putting chan struct{}
+	release chan struct{}
+}
+
+func (s *stallingStore) Put(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
+	if s.stalled.Load() {
+		s.putting <- struct{}{}
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	return s.Store.Put(ctx, key, value, revision)
+}
+
+// TestStalledFlushHoldsUpNoOtherStudent: while the record store does not
+// answer the flush of a record held back by an outage, the other
+// Students' records are read (every reconcile and the informer's
+// transform read them), and another reconcile's flush answers at once
+// instead of queueing behind it. Once the store answers, the held-back
+// record is written and nothing is left unsaved.
+func TestStalledFlushHoldsUpNoOtherStudent(t *testing.T) {
+	ctx := context.Background()
+	store := &stallingStore{Store: &sinktest.Store{}, putting: make(chan struct{}, 1), release: make(chan struct{})}
+	recs := loaded(t, store)
+	rec := savedAB(t, recs)
+	store.Fail(errors.New("no responders"))
+	if err := recs.Save(ctx, rec("a", studentv1.EventTypeUpdated)); err == nil {
+		t.Fatal("a save to a failing store succeeded")
+	}
+	store.Fail(nil)
+	store.stalled.Store(true)
+
+	flushed := make(chan error, 1)
+	go func() { flushed <- recs.Flush(ctx) }()
+	<-store.putting
+	others := make(chan error, 1)
+	go func() {
+		if got, ok := recs.Get("b"); !ok || got.Published.Type != studentv1.EventTypeCreated {
+			others <- fmt.Errorf("b's record is %+v (held: %v)", got, ok)
+			return
+		}
+		if n := len(recs.ForName(types.NamespacedName{Namespace: "ns", Name: "b"})); n != 1 {
+			others <- fmt.Errorf("%d records named b", n)
+			return
+		}
+		recs.Share(&studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "b", UID: "b"}})
+		if err := recs.Flush(ctx); err == nil {
+			others <- errors.New("a second flush succeeded while the first one's write hung")
+			return
+		}
+		others <- nil
+	}()
+	// A bound that only a lock held across the stalled write reaches.
+	select {
+	case err := <-others:
+		if err != nil {
+			t.Error(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("reading b's record or flushing again waited for the stalled write of a's")
+	}
+	store.stalled.Store(false)
+	close(store.release)
+	if err := <-flushed; err != nil {
+		t.Fatal(err)
+	}
+	if n := recs.Unsaved(); n != 0 {
+		t.Errorf("%d records unsaved after the store answered", n)
+	}
+	stored, err := recs.Stored(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sr := range stored {
+		if sr.UID == "a" && sr.Published.Type != studentv1.EventTypeUpdated {
+			t.Errorf("the store holds a's %q record, want %q", sr.Published.Type, studentv1.EventTypeUpdated)
+		}
 	}
 }
 
