@@ -168,12 +168,24 @@ func (p *Publisher) connected() error {
 	return nil
 }
 
+// JetStream's error codes that nats.go does not name, after the
+// server's names (nats-server's server/errors.json).
+const (
+	// errCodeClusterNotAvail (JSClusterNotAvailErr): JetStream
+	// temporarily unavailable (no meta leader).
+	errCodeClusterNotAvail jetstream.ErrorCode = 10008
+	// errCodeDuplicateInProcess (JSStreamDuplicateMessageConflict): an
+	// earlier copy of the event (same Nats-Msg-Id) is in flight, not yet
+	// stored or refused.
+	errCodeDuplicateInProcess jetstream.ErrorCode = 10158
+	// errCodeExpectedSeqUnavail (JSStreamExpectedLastSeqPerSubjectNotReady):
+	// a stream's expected sequences are not known yet (a new leader).
+	errCodeExpectedSeqUnavail jetstream.ErrorCode = 10163
+)
+
 // errCodesUnavailable are the JetStream errors of a cluster that cannot
-// store now but may in a moment: JetStream temporarily unavailable (no
-// meta leader), a stream's expected sequences temporarily unavailable, and
-// an earlier copy of the event (same Nats-Msg-Id) in flight, not yet
-// stored or refused.
-var errCodesUnavailable = []jetstream.ErrorCode{10008, 10163, 10158}
+// store now but may in a moment.
+var errCodesUnavailable = []jetstream.ErrorCode{errCodeClusterNotAvail, errCodeExpectedSeqUnavail, errCodeDuplicateInProcess}
 
 // isUnavailable reports whether err is JetStream saying it cannot store
 // now but may in a moment.
