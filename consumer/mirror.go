@@ -180,6 +180,10 @@ type heldMsg struct {
 	done bool
 }
 
+// retryQueueSize is how many Students' retries, due at once, wait for
+// Run's loop before their timers wait to hand them over.
+const retryQueueSize = 64
+
 // NewMirror returns a Mirror on nc; Run runs it.
 func NewMirror(nc *nats.Conn, o MirrorOptions) (*Mirror, error) {
 	if !studentv1.ValidServiceName(o.Service) {
@@ -314,7 +318,7 @@ func (m *Mirror) Run(ctx context.Context) error {
 	applied := map[string]*Desired{}
 	m.pending = map[string]*pendingStudent{}
 	m.numbers = map[string]int64{}
-	m.retries = make(chan string, 64)
+	m.retries = make(chan string, retryQueueSize)
 	m.ready, m.running, m.outcomes = nil, 0, make(chan outcome)
 	if err := m.fold(ctx, stream, last, func(d *Desired, ev *event) {
 		m.track(d)

@@ -132,7 +132,7 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	defer func() {
 		// Done with, for a catch-up: reconciled, or it cannot be until
 		// the Student changes (a terminal error).
-		if err == nil && result.IsZero() || errors.Is(err, reconcile.TerminalError(nil)) {
+		if (err == nil && result.IsZero()) || errors.Is(err, reconcile.TerminalError(nil)) {
 			r.catchUps.done(req.NamespacedName)
 		}
 	}()
@@ -398,7 +398,7 @@ func recordedStudent(rec studentv1.StudentRecord) *studentv1.Student {
 // a stream of user edits the cache is often behind.
 func (r *StudentReconciler) patchFinalizers(ctx context.Context, stu *studentv1.Student, change func(*studentv1.Student) bool) error {
 	defer since(stages.Finalizer, time.Now())
-	return PatchFinalizers(ctx, r.Client, r.apiReader(), stu, 5, change)
+	return PatchFinalizers(ctx, r.Client, r.apiReader(), stu, finalizerAttempts, change)
 }
 
 // PatchFinalizers applies change to stu's finalizers with a merge patch
@@ -793,9 +793,18 @@ func (r *StudentReconciler) Unpublished(ctx context.Context, cached client.Reade
 	return out, nil
 }
 
+// toQueueSize is how many Students handed to the controller's queue by
+// enqueue (a catch-up) wait for it before enqueue waits.
+const toQueueSize = 1024
+
+// finalizerAttempts is how often a reconcile tries to patch the finalizer
+// before it gives up until the next reconcile: each conflict is read again
+// from the API server.
+const finalizerAttempts = 5
+
 // SetupWithManager registers the reconciler with mgr.
 func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
-	r.toQueue = make(chan event.TypedGenericEvent[*studentv1.Student], 1024)
+	r.toQueue = make(chan event.TypedGenericEvent[*studentv1.Student], toQueueSize)
 	if opts.LogConstructor == nil {
 		// The values controller-runtime's builder gives a controller made
 		// with For: the Students' watch is made with Watches, for its

@@ -45,6 +45,14 @@ import (
 	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
+// moveAfterAckTimeouts is how many ack timeouts of failures in a row on a
+// live NATS connection move it to another server.
+const moveAfterAckTimeouts = 3
+
+// reconcileSlack is what one reconcile may take beyond a publish's ack
+// timeout: the record store's writes and the API server's requests.
+const reconcileSlack = 30 * time.Second
+
 // Run runs the bridge until ctx is cancelled, then shuts down gracefully:
 // in-flight publishes and their record writes finish (bounded by
 // cfg.ShutdownTimeout) before the NATS connection is drained.
@@ -81,10 +89,10 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 			nc.Close()
 		}
 	}()
-	// Publishes and record writes that fail for 3 ack timeouts in a row on
-	// a live connection move it to another server: the one it has is cut
-	// off from its cluster.
-	mover := natssink.NewMover(nc, 3*cfg.NATS.AckTimeout)
+	// Publishes and record writes that fail for moveAfterAckTimeouts ack
+	// timeouts in a row on a live connection move it to another server:
+	// the one it has is cut off from its cluster.
+	mover := natssink.NewMover(nc, moveAfterAckTimeouts*cfg.NATS.AckTimeout)
 	pub, err := newPublisher(cfg, nc, layout, mover)
 	if err != nil {
 		return err
@@ -208,7 +216,7 @@ func addReconciler(mgr manager.Manager, cfg *config.Config, selector labels.Sele
 		HoldWithFinalizer: cfg.Deletes.HoldWithFinalizer,
 		Recorder:          nopRecorder{},
 		Cluster:           cfg.Cluster,
-		Timeout:           cfg.NATS.AckTimeout + 30*time.Second,
+		Timeout:           cfg.NATS.AckTimeout + reconcileSlack,
 		InScope:           reconciler.Scope(cfg.Namespaces, selector),
 		Namespaces:        cfg.Namespaces,
 	}
