@@ -213,8 +213,7 @@ func (r *Set) ReloadWhere(ctx context.Context, in func(studentv1.StudentRecord) 
 			r.setLocked(sr.rec, sr.revision, true)
 		}
 	}
-	unsavedGauge.Set(float64(len(r.unsaved)))
-	recordsGauge.Set(float64(len(r.byUID)))
+	r.gaugesLocked()
 	return nil
 }
 
