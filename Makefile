@@ -249,37 +249,44 @@ tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(CRANE) $(HELM) $(PROMTOOL) $(PROMETH
 $(CONTROLLER_GEN): $(TOOLS)/go.mod
 	cd $(TOOLS) && GOBIN=$(BIN) $(GO) install $(TOOL_LDFLAGS) sigs.k8s.io/controller-tools/cmd/controller-gen
 
-# kube-apiserver, etcd and kubectl come from k8s.io/kubernetes and etcd's
-# server module; this takes several minutes the first time. When this make
-# also builds the test node (make test, tools or node as root), its kubelet,
-# scheduler, controller-manager and kube-proxy are built in the same go
-# build: they share most of the compile. `make run` builds the three it runs.
-CONTROL_PLANE_PKGS := k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl ./cmd/etcd
-NODE_KUBE_PKGS     := k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-proxy
-ifneq ($(and $(NODE_DEPS),$(filter test test-deps tools node,$(MAKECMDGOALS))),)
-$(CONTROL_PLANE) $(NODE_KUBE) &: $(TOOLS)/go.mod
-	cd $(TOOLS) && $(GO) build $(call kube_ldflags,$(call kube_version,$(TOOLS)/go.mod)) -o $(BIN)/ $(CONTROL_PLANE_PKGS) $(NODE_KUBE_PKGS)
-	touch $(CONTROL_PLANE) $(NODE_KUBE)
+# hack/tools is one module for every tool that uses Kubernetes' client
+# libraries: kube-apiserver, etcd and kubectl, the test node's kubelet,
+# scheduler, controller-manager and kube-proxy, CoreDNS, helm, promtool and
+# prometheus (and controller-gen). In one module k8s.io/api, client-go and
+# the rest resolve to one version and compile once for all of them; and
+# when this make builds several of them (make test, tools, node), one go
+# build makes them together. `make run` builds the three it runs, the
+# first time in several minutes. remove_all_sd leaves out every cloud's
+# service discovery (and its SDK) from prometheus, whose tests scrape
+# static targets; no other tool has files under that tag.
+HACK_TOOLS    := $(CONTROL_PLANE) $(NODE_KUBE) $(COREDNS) $(HELM) $(PROMTOOL) $(PROMETHEUS)
+HACK_TOOL_PKG := kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubectl=k8s.io/kubernetes/cmd/kubectl etcd=./cmd/etcd \
+	kubelet=k8s.io/kubernetes/cmd/kubelet kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
+	kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager kube-proxy=k8s.io/kubernetes/cmd/kube-proxy \
+	coredns=./cmd/coredns helm=helm.sh/helm/v4/cmd/helm \
+	promtool=github.com/prometheus/prometheus/cmd/promtool prometheus=github.com/prometheus/prometheus/cmd/prometheus
+hack_tool_pkgs = $(foreach t,$(notdir $(1)),$(patsubst $(t)=%,%,$(filter $(t)=%,$(HACK_TOOL_PKG))))
+build_hack_tools = cd $(TOOLS) && $(GO) build -tags remove_all_sd $(call kube_ldflags,$(call kube_version,$(TOOLS)/go.mod)) -o $(BIN)/ $(call hack_tool_pkgs,$(1)) && touch $(1)
+
+ifneq ($(filter test test-deps,$(MAKECMDGOALS)),)
+BUILT_TOGETHER := $(CONTROL_PLANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(if $(NODE_DEPS),$(NODE_KUBE) $(COREDNS))
+else ifneq ($(filter tools node,$(MAKECMDGOALS)),)
+BUILT_TOGETHER := $(HACK_TOOLS)
 else
-$(CONTROL_PLANE) &: $(TOOLS)/go.mod
-	cd $(TOOLS) && $(GO) build $(call kube_ldflags,$(call kube_version,$(TOOLS)/go.mod)) -o $(BIN)/ $(CONTROL_PLANE_PKGS)
-	touch $(CONTROL_PLANE)
-
-$(NODE_KUBE) &: $(TOOLS)/go.mod
-	cd $(TOOLS) && $(GO) build $(call kube_ldflags,$(call kube_version,$(TOOLS)/go.mod)) -o $(BIN)/ $(NODE_KUBE_PKGS)
-	touch $(NODE_KUBE)
+BUILT_TOGETHER := $(CONTROL_PLANE)
 endif
+$(BUILT_TOGETHER) &: $(TOOLS)/go.mod $(wildcard $(TOOLS)/cmd/*/main.go)
+	$(call build_hack_tools,$(BUILT_TOGETHER))
+$(filter-out $(BUILT_TOGETHER),$(HACK_TOOLS)): $(TOOLS)/go.mod $(wildcard $(TOOLS)/cmd/*/main.go)
+	$(call build_hack_tools,$@)
 
-# containerd and CoreDNS have modules of their own (their k8s.io versions
-# differ from kube-apiserver's). runc and the CNI plugins come from Debian
+# containerd has a module of its own (its k8s.io versions differ from
+# kube-apiserver's), built static. runc and the CNI plugins come from Debian
 # (.ci/run installs them).
 $(CONTAINERD) &: $(TOOLS)/containerd/go.mod
 	cd $(TOOLS)/containerd && CGO_ENABLED=0 $(GO) build $(TOOL_LDFLAGS) -tags no_btrfs,no_devmapper,no_zfs -o $(BIN)/ \
 		github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr
 	touch $(CONTAINERD)
-
-$(COREDNS): $(TOOLS)/coredns/go.mod $(TOOLS)/coredns/main.go
-	cd $(TOOLS)/coredns && $(GO) build $(TOOL_LDFLAGS) -o $(COREDNS) .
 
 $(OCIIMAGE): hack/ociimage/go.mod hack/ociimage/main.go
 	cd hack/ociimage && $(GO) build -o $(OCIIMAGE) .
@@ -309,20 +316,6 @@ $(IMAGES)/student-bridge-previous.tar: hack/previous-release.sh $(OCIIMAGE)
 .PHONY: node
 node: $(NODE) $(CONTROL_PLANE) ## Build the test node's parts: kubelet, scheduler, controller-manager, kube-proxy, containerd, CoreDNS and its images.
 
-# helm has a module of its own (its k8s.io versions differ from
-# kube-apiserver's); only the chart tests need it, so `make run` never waits
-# for it.
-$(HELM): $(TOOLS)/helm/go.mod
-	cd $(TOOLS)/helm && GOBIN=$(BIN) $(GO) install $(TOOL_LDFLAGS) helm.sh/helm/v4/cmd/helm
-	touch $(HELM)
-
-# promtool and the Prometheus server, for the alerts' tests, have a module
-# of their own too. The tests scrape static targets: remove_all_sd leaves
-# out every cloud's service discovery (and its SDK), half the build.
-$(PROMTOOL) $(PROMETHEUS) &: $(TOOLS)/prometheus/go.mod
-	cd $(TOOLS)/prometheus && GOBIN=$(BIN) $(GO) install $(TOOL_LDFLAGS) -tags remove_all_sd github.com/prometheus/prometheus/cmd/promtool github.com/prometheus/prometheus/cmd/prometheus
-	touch $(PROMTOOL) $(PROMETHEUS)
-
 # golangci-lint has a module of its own too.
 $(GOLANGCI_LINT): $(TOOLS)/golangci-lint/go.mod
 	cd $(TOOLS)/golangci-lint && GOBIN=$(BIN) $(GO) install $(TOOL_LDFLAGS) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
@@ -331,7 +324,7 @@ $(GOLANGCI_LINT): $(TOOLS)/golangci-lint/go.mod
 .PHONY: monitoring-crds
 monitoring-crds: $(CONTROLLER_GEN) ## Regenerate hack/crds: the Prometheus Operator's PrometheusRule and ServiceMonitor CRDs (from its Go types) that the chart tests install.
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
-	cd $(TOOLS)/prometheus && $(CONTROLLER_GEN) crd:maxDescLen=0 paths=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1 output:crd:dir="$$tmp" && \
+	cd $(TOOLS) && $(CONTROLLER_GEN) crd:maxDescLen=0 paths=github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1 output:crd:dir="$$tmp" && \
 	mkdir -p $(ROOT)/hack/crds && cp "$$tmp"/monitoring.coreos.com_prometheusrules.yaml "$$tmp"/monitoring.coreos.com_servicemonitors.yaml $(ROOT)/hack/crds/
 
 .PHONY: helm-lint
