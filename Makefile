@@ -56,6 +56,15 @@ FUZZ_TIME ?= 5000x
 FUZZ_TARGETS := ./api/v1:FuzzParseReceipt ./api/v1:FuzzParseSnapshotRequest ./api/contract:FuzzParseRecord \
 	./sink/natssink:FuzzEventRoundTrip ./consumer:FuzzDecode ./sink/natssink:FuzzDecodeMsg ./internal/config:FuzzLoad
 
+# Every program this Makefile builds from the module to run (the
+# generators, `make build`'s bridge, the benchmark, and the programs the
+# tests build, see stack.Build) is built as the image's binary is: static
+# and -trimpath, and lint loads its type information the same way. The
+# module's dependencies then compile once for all of them, and once more
+# with -race for the tests.
+HOST_GO      := CGO_ENABLED=0 $(GO)
+HOST_FLAGS   := -trimpath
+
 # The tools are built without symbol tables or DWARF: nobody debugs them,
 # and linking a dozen large binaries is a good part of their cold build.
 TOOL_LDFLAGS := -ldflags='-s -w'
@@ -103,14 +112,14 @@ test-unit: ## Run the tests that start no server, in seconds: nothing is built f
 .PHONY: generate
 generate: $(CONTROLLER_GEN) ## Generate deepcopy code, the contract's JSON Schemas and AsyncAPI document, configs/student-bridge.yaml, the chart's values.schema.json, the Grafana dashboard, and the benchmark's figures, the support table and the timings in the docs (from docs/results).
 	$(CONTROLLER_GEN) object paths=./api/...
-	$(GO) run ./hack/configdoc configs/student-bridge.yaml deploy/manager/student-bridge.yaml
-	$(GO) run ./hack/contractdoc
-	$(GO) run ./hack/chartschema $(CHART)/values.schema.json
-	$(GO) run ./hack/dashboard deploy/monitoring/dashboard.json
+	$(HOST_GO) run $(HOST_FLAGS) ./hack/configdoc configs/student-bridge.yaml deploy/manager/student-bridge.yaml
+	$(HOST_GO) run $(HOST_FLAGS) ./hack/contractdoc
+	$(HOST_GO) run $(HOST_FLAGS) ./hack/chartschema $(CHART)/values.schema.json
+	$(HOST_GO) run $(HOST_FLAGS) ./hack/dashboard deploy/monitoring/dashboard.json
 	cp deploy/monitoring/dashboard.json deploy/monitoring/alerts.yaml $(CHART)/files/
-	$(GO) run ./test/bench -docs
-	$(GO) run ./hack/compat -docs
-	$(GO) run ./hack/timings -docs
+	$(HOST_GO) run $(HOST_FLAGS) ./test/bench -docs
+	$(HOST_GO) run $(HOST_FLAGS) ./hack/compat -docs
+	$(HOST_GO) run $(HOST_FLAGS) ./hack/timings -docs
 
 .PHONY: manifests
 manifests: $(CONTROLLER_GEN) ## Generate the CRD and RBAC under deploy/ (and their copies in the Helm chart).
@@ -142,7 +151,7 @@ vet: check-tree ## Run go vet and check-tree.
 
 .PHONY: lint
 lint: $(GOLANGCI_LINT) check-tree ## Run golangci-lint with hack/golangci.yml (go vet among its linters) and check-tree.
-	$(GOLANGCI_LINT) run --config hack/golangci.yml ./...
+	CGO_ENABLED=0 GOFLAGS="$(GOFLAGS) $(HOST_FLAGS)" $(GOLANGCI_LINT) run --config hack/golangci.yml ./...
 
 .PHONY: check-tree
 check-tree: ## Fail on unformatted Go files, tracked files over 1 MiB (a binary committed by mistake) and files at the root the layout does not name.
@@ -152,7 +161,7 @@ check-tree: ## Fail on unformatted Go files, tracked files over 1 MiB (a binary 
 
 .PHONY: build
 build: ## Build bin/student-bridge.
-	$(GO) build -o $(BIN)/student-bridge ./cmd/student-bridge
+	$(HOST_GO) build $(HOST_FLAGS) -o $(BIN)/student-bridge ./cmd/student-bridge
 
 .PHONY: image-binary
 image-binary: ## Build the image's binary, as the Dockerfile does: static, -tags nodev, the commit in it.
@@ -191,8 +200,8 @@ COMPAT_ASSETS     := $(foreach v,$(COMPAT_VERSIONS),$(v)=bin/kube-$(v)) $(basena
 
 .PHONY: test-compat
 test-compat: $(CONTROL_PLANE) $(HELM) $(COMPAT_APISERVERS) ## Run the compatibility tier on Kubernetes 1.34 to 1.37 and write docs/results/compat.json (its cost: docs/development.md).
-	$(GO) run ./hack/compat -assets $(subst $(eval) ,$(comma),$(COMPAT_ASSETS)) -out docs/results/compat.json
-	$(GO) run ./hack/compat -docs
+	$(HOST_GO) run $(HOST_FLAGS) ./hack/compat -assets $(subst $(eval) ,$(comma),$(COMPAT_ASSETS)) -out docs/results/compat.json
+	$(HOST_GO) run $(HOST_FLAGS) ./hack/compat -docs
 
 $(BIN)/kube-%/kube-apiserver: $(TOOLS)/kube-%/go.mod | $(ETCD) $(KUBECTL)
 	cd $(TOOLS)/kube-$* && $(GO) build $(call kube_ldflags,$(call kube_version,$(TOOLS)/kube-$*/go.mod)) -o $(BIN)/kube-$*/ k8s.io/kubernetes/cmd/kube-apiserver
@@ -239,7 +248,7 @@ BENCH_FLAGS ?=
 
 .PHONY: bench
 bench: $(TEST_DEPS) ## Run the end-to-end benchmark (hours with the defaults: narrow it with BENCH_FLAGS, e.g. -rates 100 -reps 3); results in bench-results/results.md, the load phase as data in results.json.
-	$(GO) run ./test/bench $(BENCH_FLAGS)
+	$(HOST_GO) run $(HOST_FLAGS) ./test/bench $(BENCH_FLAGS)
 
 ##@ Tools (built from the Go module proxy into bin/, once)
 

@@ -550,8 +550,8 @@ func TestChartInstallUpgradeUninstall(t *testing.T) {
 
 	// Uninstall, with the post-delete hook run here.
 	bin := filepath.Join(t.TempDir(), "student-bridge")
-	if out, err := exec.Command("go", "build", "-o", bin, filepath.Join(stack.RepoRoot(), "cmd", "student-bridge")).CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+	if err := stack.Build(bin, "./cmd/student-bridge"); err != nil {
+		t.Fatal(err)
 	}
 	hookSA := "system:serviceaccount:" + ns + ":" + name + "-release"
 	hookKubeconfig := userKubeconfig(t, envtest.User{Name: hookSA, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns}})

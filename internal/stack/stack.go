@@ -310,10 +310,53 @@ func CommitAt(root string) string {
 	return c
 }
 
-// RepoRoot is the repository this package was built from.
+// RepoRoot is the repository this package was built from. A binary built
+// with -trimpath (as the Makefile builds the programs it runs, see Build)
+// knows this file only by its module path: then the repository is the
+// working directory or the nearest one above it with the module's go.mod.
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	if filepath.IsAbs(file) {
+		return filepath.Join(filepath.Dir(file), "..", "..")
+	}
+	module := strings.TrimSuffix(filepath.ToSlash(file), "/internal/stack/stack.go")
+	wd, err := os.Getwd()
+	if err != nil {
+		return "."
+	}
+	for dir := wd; ; dir = filepath.Dir(dir) {
+		if mod, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && modulePath(mod) == module {
+			return dir
+		}
+		if filepath.Dir(dir) == dir {
+			return wd
+		}
+	}
+}
+
+// modulePath is the module a go.mod declares.
+func modulePath(mod []byte) string {
+	for line := range strings.Lines(string(mod)) {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "module" {
+			return strings.Trim(f[1], `"`)
+		}
+	}
+	return ""
+}
+
+// Build builds the module's package pkg (e.g. "./cmd/student-bridge")
+// into the program out as the Makefile builds the image's binary and
+// every program it runs: static (CGO_ENABLED=0) and -trimpath. The
+// module's dependencies are then compiled once in the Go build cache for
+// all of them, and once more with -race for the tests themselves.
+func Build(out, pkg string) error {
+	cmd := exec.Command("go", "build", "-trimpath", "-o", out, pkg)
+	cmd.Dir = RepoRoot()
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
+	}
+	return nil
 }
 
 // CRDs parses the generated CRDs embedded from deploy/crd.

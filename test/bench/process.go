@@ -54,10 +54,7 @@ func (e *env) prepare() (*binaries, error) {
 		}
 		b.bridge, b.bench, b.config = filepath.Join(b.dir, "student-bridge"), filepath.Join(b.dir, "bench"), filepath.Join(b.dir, "kubeconfig")
 		for out, pkg := range map[string]string{b.bridge: "./cmd/student-bridge", b.bench: "./test/bench"} {
-			build := exec.Command("go", "build", "-o", out, pkg)
-			build.Dir = stack.RepoRoot()
-			if o, err := build.CombinedOutput(); err != nil {
-				b.err = fmt.Errorf("build %s: %v\n%s", pkg, err, o)
+			if b.err = stack.Build(out, pkg); b.err != nil {
 				return
 			}
 		}

@@ -28,10 +28,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binary = filepath.Join(dir, "student-bridge")
-	build := exec.Command("go", "build", "-o", binary, "./cmd/student-bridge")
-	build.Dir = stack.RepoRoot()
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build: %v\n%s", err, out)
+	if err := stack.Build(binary, "./cmd/student-bridge"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	if assets, err = stack.AssetsDir(""); err != nil {
