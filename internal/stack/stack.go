@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
@@ -450,13 +451,50 @@ func (n *NATS) start() error {
 	if err != nil {
 		return fmt.Errorf("nats server: %w", err)
 	}
+	// NoLog keeps the server quiet; what it reports as an error is kept,
+	// so that a server that never gets ready (a port another process
+	// took) says why.
+	errs := &serverErrors{}
+	srv.SetLogger(errs, false, false)
 	go srv.Start()
 	if !srv.ReadyForConnections(15 * time.Second) {
 		srv.Shutdown()
-		return errors.New("nats server: not ready for connections after 15s")
+		return fmt.Errorf("nats server: not ready for connections after 15s (%s)", errs)
 	}
 	n.Server = srv
 	return nil
+}
+
+// serverErrors is a nats-server logger that keeps the last errors the
+// server reported and drops everything else.
+type serverErrors struct {
+	mu   sync.Mutex
+	last []string
+}
+
+func (l *serverErrors) keep(format string, v ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.last = append(l.last, fmt.Sprintf(format, v...))
+	if len(l.last) > 3 {
+		l.last = l.last[1:]
+	}
+}
+
+func (l *serverErrors) Fatalf(format string, v ...any) { l.keep(format, v...) }
+func (l *serverErrors) Errorf(format string, v ...any) { l.keep(format, v...) }
+func (l *serverErrors) Noticef(string, ...any)         {}
+func (l *serverErrors) Warnf(string, ...any)           {}
+func (l *serverErrors) Debugf(string, ...any)          {}
+func (l *serverErrors) Tracef(string, ...any)          {}
+
+func (l *serverErrors) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.last) == 0 {
+		return "it reported no error"
+	}
+	return "its last errors: " + strings.Join(l.last, "; ")
 }
 
 // URL is the client URL of the server.
@@ -530,8 +568,25 @@ func FreePorts(n int) (int, error) {
 }
 
 // StartNATSCluster starts n servers named n0, n1, ... in one cluster and
-// returns once JetStream has a meta leader.
+// returns once JetStream has a meta leader. The route ports are picked
+// free before the servers listen on them, and another process may take
+// one meanwhile: then, unless o.Port fixes the ports, the cluster starts
+// again on others, up to three times.
 func StartNATSCluster(n int, o NATSClusterOptions) (*NATSCluster, error) {
+	var errs []error
+	for range 3 {
+		c, err := startNATSCluster(n, o)
+		if err == nil {
+			return c, nil
+		}
+		if errs = append(errs, err); o.Port != 0 {
+			break
+		}
+	}
+	return nil, errors.Join(errs...)
+}
+
+func startNATSCluster(n int, o NATSClusterOptions) (*NATSCluster, error) {
 	ports := make([]int, n)
 	for i := range n {
 		p, err := FreePorts(1)

@@ -110,3 +110,22 @@ func TestNATSRestartKeepsStore(t *testing.T) {
 type leak struct{ s string }
 
 func (l *leak) Error() string { return l.s }
+
+// TestNATSOnATakenPortSaysWhy: a server that cannot listen (another
+// process took its port) fails with the server's own error, not only
+// "not ready".
+func TestNATSOnATakenPortSaysWhy(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	n, err := stack.StartNATS(stack.NATSOptions{Port: l.Addr().(*net.TCPAddr).Port})
+	if err == nil {
+		n.Stop()
+		t.Fatal("a server started on a port another listener holds")
+	}
+	if !strings.Contains(err.Error(), "address already in use") {
+		t.Errorf("error %q does not say the port is taken", err)
+	}
+}
