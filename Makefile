@@ -278,6 +278,7 @@ HACK_TOOL_PKG := kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubectl=k8s
 	coredns=./cmd/coredns helm=helm.sh/helm/v4/cmd/helm \
 	promtool=github.com/prometheus/prometheus/cmd/promtool prometheus=github.com/prometheus/prometheus/cmd/prometheus
 hack_tool_pkgs = $(foreach t,$(notdir $(1)),$(patsubst $(t)=%,%,$(filter $(t)=%,$(HACK_TOOL_PKG))))
+HACK_TOOL_SRC := $(TOOLS)/go.mod $(wildcard $(TOOLS)/cmd/*/main.go)
 build_hack_tools = cd $(TOOLS) && $(GO) build -tags remove_all_sd $(call kube_ldflags,$(call kube_version,$(TOOLS)/go.mod)) -o $(BIN)/ $(call hack_tool_pkgs,$(1)) && touch $(1)
 
 ifneq ($(filter test test-deps,$(MAKECMDGOALS)),)
@@ -287,9 +288,9 @@ BUILT_TOGETHER := $(HACK_TOOLS)
 else
 BUILT_TOGETHER := $(CONTROL_PLANE)
 endif
-$(BUILT_TOGETHER) &: $(TOOLS)/go.mod $(wildcard $(TOOLS)/cmd/*/main.go)
+$(BUILT_TOGETHER) &: $(HACK_TOOL_SRC)
 	$(call build_hack_tools,$(BUILT_TOGETHER))
-$(filter-out $(BUILT_TOGETHER),$(HACK_TOOLS)): $(TOOLS)/go.mod $(wildcard $(TOOLS)/cmd/*/main.go)
+$(filter-out $(BUILT_TOGETHER),$(HACK_TOOLS)): $(HACK_TOOL_SRC)
 	$(call build_hack_tools,$@)
 
 # containerd has a module of its own (its k8s.io versions differ from

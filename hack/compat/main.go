@@ -22,7 +22,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -165,15 +164,15 @@ type event struct {
 // runCheck runs c's tests against the kube-apiserver in dir and reads
 // their outcomes.
 func runCheck(root, dir string, c check) (CheckResult, error) {
-	// Built as make builds the programs it runs (static, -trimpath: see
-	// stack.Build), so the versions' runs share one compile.
-	args := []string{"test", "-trimpath", "-count=1", "-json", "-timeout", "20m", c.Pkg}
+	// Built as make builds the programs it runs (stack.GoCommand), so the
+	// versions' runs share one compile.
+	args := []string{"-count=1", "-json", "-timeout", "20m", c.Pkg}
 	if c.Run != "" {
 		args = append(args, "-run", c.Run)
 	}
-	cmd := exec.Command("go", args...)
+	cmd := stack.GoCommand("test", args...)
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "KUBEBUILDER_ASSETS="+dir, "CGO_ENABLED=0")
+	cmd.Env = append(cmd.Env, "KUBEBUILDER_ASSETS="+dir)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()

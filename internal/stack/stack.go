@@ -345,16 +345,22 @@ func modulePath(mod []byte) string {
 	return ""
 }
 
-// Build builds the module's package pkg (e.g. "./cmd/student-bridge")
-// into the program out as the Makefile builds the image's binary and
-// every program it runs: static (CGO_ENABLED=0) and -trimpath. The
-// module's dependencies are then compiled once in the Go build cache for
-// all of them, and once more with -race for the tests themselves.
-func Build(out, pkg string) error {
-	cmd := exec.Command("go", "build", "-trimpath", "-o", out, pkg)
+// GoCommand is `go sub args...` in the repository, building as the
+// Makefile builds the image's binary and every program it runs: static
+// (CGO_ENABLED=0) and -trimpath. The module's dependencies are then
+// compiled once in the Go build cache for all of them, and once more with
+// -race for the tests themselves.
+func GoCommand(sub string, args ...string) *exec.Cmd {
+	cmd := exec.Command("go", append([]string{sub, "-trimpath"}, args...)...)
 	cmd.Dir = RepoRoot()
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
+	return cmd
+}
+
+// Build builds the module's package pkg (e.g. "./cmd/student-bridge")
+// into the program out, with GoCommand.
+func Build(out, pkg string) error {
+	if b, err := GoCommand("build", "-o", out, pkg).CombinedOutput(); err != nil {
 		return fmt.Errorf("go build %s: %w\n%s", pkg, err, b)
 	}
 	return nil
