@@ -162,7 +162,7 @@ func registerMetrics() {
 	registerOnce.Do(func() {
 		version.RegisterMetrics()
 		natsconn.RegisterMetrics()
-		natssink.RegisterMetrics()
+		natssink.RegisterMetrics(crmetrics.Registry)
 		kubeevents.RegisterMetrics()
 		shards.RegisterMetrics()
 		reconciler.RegisterMetrics()

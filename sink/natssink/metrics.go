@@ -4,7 +4,6 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
 // What a request to JetStream did, the label of jetstreamRequests.
@@ -30,11 +29,14 @@ var jetstreamRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
 
 var registerOnce sync.Once
 
-// RegisterMetrics registers the JetStream request counts with controller-
-// runtime's registry, once per process, every series at 0.
-func RegisterMetrics() {
+// RegisterMetrics registers the JetStream request counts with reg (the
+// bridge passes controller-runtime's registry), once per process, every
+// series at 0. The package takes the registry rather than importing
+// controller-runtime's, so that what imports it (services, the fuzzer)
+// does not link client-go.
+func RegisterMetrics(reg prometheus.Registerer) {
 	registerOnce.Do(func() {
-		metrics.Registry.MustRegister(jetstreamRequests)
+		reg.MustRegister(jetstreamRequests)
 		for _, r := range []string{requestPublish, requestCommit, requestWrite, requestDelete, requestRead, requestLoad, requestWatch, requestPurge} {
 			jetstreamRequests.WithLabelValues(r)
 		}
