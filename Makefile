@@ -210,11 +210,22 @@ $(BIN)/kube-%/kube-apiserver: $(TOOLS)/kube-%/go.mod | $(ETCD) $(KUBECTL)
 	cd $(TOOLS)/kube-$* && $(GO) build $(call kube_ldflags,$(call kube_version,$(TOOLS)/kube-$*/go.mod)) -o $(BIN)/kube-$*/ k8s.io/kubernetes/cmd/kube-apiserver
 	ln -sf ../etcd ../kubectl $(BIN)/kube-$*/
 
+# The fuzzer instruments every package its test binary links, so fuzz
+# builds with -tags nostack: the test files that start servers (NATS, a
+# kube-apiserver) say //go:build !nostack and are left out, and a target's
+# binary links the decoders and their imports, not nats-server, envtest and
+# client-go. fuzz fails if one of those is linked again.
+FUZZ_HEAVY := github.com/nats-io/nats-server/v2/server sigs.k8s.io/controller-runtime/pkg/envtest k8s.io/client-go/rest
+
 .PHONY: fuzz
 fuzz: ## Fuzz every decoder of outside input for FUZZ_TIME each, beyond its corpus (FUZZ_TARGETS).
+	@set -e; for p in $(sort $(foreach t,$(FUZZ_TARGETS),$(firstword $(subst :, ,$(t))))); do \
+		heavy=$$($(GO) list -deps -test -tags nostack $$p | grep -xF $(addprefix -e ,$(FUZZ_HEAVY)) | paste -sd' ' || true); \
+		if [ -n "$$heavy" ]; then echo "fuzz: $$p's test binary links $$heavy; give the test file that imports it //go:build !nostack"; exit 1; fi; \
+	done
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t#*:} ($${t%%:*}) for $(FUZZ_TIME)"; \
-		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZ_TIME) "$${t%%:*}"; \
+		$(GO) test -tags nostack -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZ_TIME) "$${t%%:*}"; \
 	done
 
 ##@ Deployment (needs a container engine and a cluster; not used by the tests)

@@ -1,3 +1,5 @@
+//go:build !nostack
+
 package consumer_test
 
 import (

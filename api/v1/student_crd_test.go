@@ -1,3 +1,5 @@
+//go:build !nostack
+
 package v1_test
 
 import (

@@ -1,3 +1,5 @@
+//go:build !nostack
+
 package config_test
 
 import (

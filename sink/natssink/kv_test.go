@@ -1,3 +1,5 @@
+//go:build !nostack
+
 package natssink_test
 
 import (
