@@ -56,12 +56,13 @@ FUZZ_TIME ?= 5000x
 FUZZ_TARGETS := ./api/v1:FuzzParseReceipt ./api/v1:FuzzParseSnapshotRequest ./api/contract:FuzzParseRecord \
 	./sink/natssink:FuzzEventRoundTrip ./consumer:FuzzDecode ./sink/natssink:FuzzDecodeMsg ./internal/config:FuzzLoad
 
-# Every program this Makefile builds from the module to run (the
-# generators, `make build`'s bridge, the benchmark, and the programs the
-# tests build, see stack.Build) is built as the image's binary is: static
-# and -trimpath, and lint loads its type information the same way. The
-# module's dependencies then compile once for all of them, and once more
-# with -race for the tests.
+# Every program this Makefile builds (the generators, `make build`'s
+# bridge, the benchmark, the programs the tests build, see stack.Build, and
+# every tool) is built as the image's binary is: static and -trimpath, and
+# lint loads its type information the same way. A package then compiles
+# once for all of them, the standard library included, and once more with
+# -race for the tests. Between this module and hack/tools that holds only
+# for a module both resolve to one version: check-modules keeps them so.
 HOST_GO      := CGO_ENABLED=0 $(GO)
 HOST_FLAGS   := -trimpath
 
@@ -150,8 +151,19 @@ vet: check-tree ## Run go vet and check-tree.
 	$(GO) vet ./...
 
 .PHONY: lint
-lint: $(GOLANGCI_LINT) check-tree ## Run golangci-lint with hack/golangci.yml (go vet among its linters) and check-tree.
+lint: $(GOLANGCI_LINT) check-tree check-modules ## Run golangci-lint with hack/golangci.yml (go vet among its linters), check-tree and check-modules.
 	CGO_ENABLED=0 GOFLAGS="$(GOFLAGS) $(HOST_FLAGS)" $(GOLANGCI_LINT) run --config hack/golangci.yml ./...
+
+# The modules this module and hack/tools both compile, each at one version
+# in both, so that make test compiles it once (HOST_GO). A go get in either
+# that moves one apart fails here and names it: align the lower one.
+.PHONY: check-modules
+check-modules: ## Fail if a module built by both this module and hack/tools resolves to two versions.
+	@export LC_ALL=C; mods='{{with .Module}}{{.Path}} {{.Version}}{{end}}'; \
+	here=$$($(GO) list -deps -f "$$mods" ./... | sort -u); \
+	tools=$$(cd $(TOOLS) && $(GO) list -deps -tags remove_all_sd -f "$$mods" $(call hack_tool_pkgs,$(HACK_TOOLS)) sigs.k8s.io/controller-tools/cmd/controller-gen | sort -u); \
+	apart=$$(join <(echo "$$here") <(echo "$$tools") | awk '$$2 != $$3 {print "  " $$1 " " $$2 " here, " $$3 " in hack/tools"}'); \
+	if [ -n "$$apart" ]; then echo "modules at two versions, so compiled twice: align them (go get in the module with the lower one)"; echo "$$apart"; exit 1; fi
 
 .PHONY: check-tree
 check-tree: ## Fail on unformatted Go files, tracked files over 1 MiB (a binary committed by mistake) and files at the root the layout does not name.
@@ -207,7 +219,7 @@ test-compat: $(CONTROL_PLANE) $(HELM) $(COMPAT_APISERVERS) ## Run the compatibil
 	$(HOST_GO) run $(HOST_FLAGS) ./hack/compat -docs
 
 $(BIN)/kube-%/kube-apiserver: $(TOOLS)/kube-%/go.mod | $(ETCD) $(KUBECTL)
-	cd $(TOOLS)/kube-$* && $(GO) build $(call kube_ldflags,$(call kube_version,$(TOOLS)/kube-$*/go.mod)) -o $(BIN)/kube-$*/ k8s.io/kubernetes/cmd/kube-apiserver
+	cd $(TOOLS)/kube-$* && $(HOST_GO) build $(HOST_FLAGS) $(call kube_ldflags,$(call kube_version,$(TOOLS)/kube-$*/go.mod)) -o $(BIN)/kube-$*/ k8s.io/kubernetes/cmd/kube-apiserver
 	ln -sf ../etcd ../kubectl $(BIN)/kube-$*/
 
 # The fuzzer instruments every package its test binary links, so fuzz
@@ -270,7 +282,7 @@ bench: $(TEST_DEPS) ## Run the end-to-end benchmark (hours with the defaults: na
 tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(CRANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(GOLANGCI_LINT) $(NODE) ## Build controller-gen, kube-apiserver, etcd, kubectl, helm, promtool, prometheus, golangci-lint and the test node's parts.
 
 $(CONTROLLER_GEN): $(TOOLS)/go.mod
-	cd $(TOOLS) && GOBIN=$(BIN) $(GO) install $(TOOL_LDFLAGS) sigs.k8s.io/controller-tools/cmd/controller-gen
+	cd $(TOOLS) && GOBIN=$(BIN) $(HOST_GO) install $(HOST_FLAGS) $(TOOL_LDFLAGS) sigs.k8s.io/controller-tools/cmd/controller-gen
 
 # hack/tools is one module for every tool that uses Kubernetes' client
 # libraries: kube-apiserver, etcd and kubectl, the test node's kubelet,
@@ -290,7 +302,7 @@ HACK_TOOL_PKG := kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubectl=k8s
 	promtool=github.com/prometheus/prometheus/cmd/promtool prometheus=github.com/prometheus/prometheus/cmd/prometheus
 hack_tool_pkgs = $(foreach t,$(notdir $(1)),$(patsubst $(t)=%,%,$(filter $(t)=%,$(HACK_TOOL_PKG))))
 HACK_TOOL_SRC := $(TOOLS)/go.mod $(wildcard $(TOOLS)/cmd/*/main.go)
-build_hack_tools = cd $(TOOLS) && $(GO) build -tags remove_all_sd $(call kube_ldflags,$(call kube_version,$(TOOLS)/go.mod)) -o $(BIN)/ $(call hack_tool_pkgs,$(1)) && touch $(1)
+build_hack_tools = cd $(TOOLS) && $(HOST_GO) build $(HOST_FLAGS) -tags remove_all_sd $(call kube_ldflags,$(call kube_version,$(TOOLS)/go.mod)) -o $(BIN)/ $(call hack_tool_pkgs,$(1)) && touch $(1)
 
 ifneq ($(filter test test-deps,$(MAKECMDGOALS)),)
 BUILT_TOGETHER := $(CONTROL_PLANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(if $(NODE_DEPS),$(NODE_KUBE) $(COREDNS))
@@ -308,28 +320,28 @@ $(filter-out $(BUILT_TOGETHER),$(HACK_TOOLS)): $(HACK_TOOL_SRC)
 # kube-apiserver's), built static. runc and the CNI plugins come from Debian
 # (.ci/run installs them).
 $(CONTAINERD) &: $(TOOLS)/containerd/go.mod
-	cd $(TOOLS)/containerd && CGO_ENABLED=0 $(GO) build $(TOOL_LDFLAGS) -tags no_btrfs,no_devmapper,no_zfs -o $(BIN)/ \
+	cd $(TOOLS)/containerd && $(HOST_GO) build $(HOST_FLAGS) $(TOOL_LDFLAGS) -tags no_btrfs,no_devmapper,no_zfs -o $(BIN)/ \
 		github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 github.com/containerd/containerd/v2/cmd/ctr
 	touch $(CONTAINERD)
 
 $(OCIIMAGE): hack/ociimage/go.mod hack/ociimage/main.go
-	cd hack/ociimage && $(GO) build -o $(OCIIMAGE) .
+	cd hack/ociimage && $(HOST_GO) build $(HOST_FLAGS) -o $(OCIIMAGE) .
 
 # crane, to push make image's archive to a registry (docs/deploy.md), from
 # the go-containerregistry that writes the archive.
 $(CRANE): hack/ociimage/go.mod
-	cd hack/ociimage && $(GO) build $(TOOL_LDFLAGS) -o $(CRANE) github.com/google/go-containerregistry/cmd/crane
+	cd hack/ociimage && $(HOST_GO) build $(HOST_FLAGS) $(TOOL_LDFLAGS) -o $(CRANE) github.com/google/go-containerregistry/cmd/crane
 
 # The images the manifests name, for the test node: nats-server from the
 # version the tests embed, under the name deploy/nats gives it, and the pod
 # sandbox's pause program.
 $(IMAGES)/nats.tar: go.mod $(OCIIMAGE)
-	CGO_ENABLED=0 $(GO) build -trimpath $(TOOL_LDFLAGS) -o $(BIN)/image/nats-server github.com/nats-io/nats-server/v2
+	$(HOST_GO) build $(HOST_FLAGS) $(TOOL_LDFLAGS) -o $(BIN)/image/nats-server github.com/nats-io/nats-server/v2
 	$(OCIIMAGE) -out $@ -tag $$(sed -n 's/^ *image: \(nats:.*\)/\1/p' deploy/nats/statefulset.yaml) -entrypoint /nats-server -user 1000:1000 \
 		-file $(BIN)/image/nats-server:/nats-server:0755
 
 $(IMAGES)/pause.tar: hack/ociimage/pause/main.go $(OCIIMAGE)
-	cd hack/ociimage && CGO_ENABLED=0 $(GO) build -o $(BIN)/image/pause ./pause
+	cd hack/ociimage && $(HOST_GO) build $(HOST_FLAGS) -o $(BIN)/image/pause ./pause
 	$(OCIIMAGE) -out $@ -tag student-bridge.test/pause:1 -entrypoint /pause -user 65535:65535 -file $(BIN)/image/pause:/pause:0755
 
 # The previous release, for the upgrade test: its tree (and chart) in
@@ -342,7 +354,7 @@ node: $(NODE) $(CONTROL_PLANE) ## Build the test node's parts: kubelet, schedule
 
 # golangci-lint has a module of its own too.
 $(GOLANGCI_LINT): $(TOOLS)/golangci-lint/go.mod
-	cd $(TOOLS)/golangci-lint && GOBIN=$(BIN) $(GO) install $(TOOL_LDFLAGS) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+	cd $(TOOLS)/golangci-lint && GOBIN=$(BIN) $(HOST_GO) install $(HOST_FLAGS) $(TOOL_LDFLAGS) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 	touch $(GOLANGCI_LINT)
 
 .PHONY: monitoring-crds
