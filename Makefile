@@ -188,21 +188,37 @@ image: image-binary $(OCIIMAGE) ## Build the image $(IMG) as an archive, bin/ima
 		-label org.opencontainers.image.title=student-bridge -label org.opencontainers.image.version=$(VERSION) \
 		-label org.opencontainers.image.revision=$(COMMIT)
 
-# go test's own vet is off for the module: lint (test-deps) ran govet's
-# analyzers over every package and its tests already, and go test's vet
-# would type-check each package and its dependencies once more.
+# go test runs two test binaries at a time (-p is the CPU count), in the
+# order the packages are named. The longest go first (TEST_FIRST, minutes
+# each, docs/development.md); in ./...'s order they came last, and the
+# run ended with one of them alone on the machine.
+TEST_FIRST := ./test/e2e ./test/node ./test/bench ./internal/bridge
+
+# The tests leave about half of the two CPUs idle: they wait on servers,
+# Leases and timers more than they compute. So lint (golangci-lint built,
+# then run) and fuzz run beside them, at the lowest priority, on what the
+# tests leave (test-beside). go test's own vet is off for the module:
+# lint runs govet's analyzers over every package and its tests, and go
+# test's vet would type-check each package and its dependencies once more.
 .PHONY: test
-test: verify-gen ## Check generated files, lint, build the image, run every test with -race against a real kube-apiserver and NATS (and a real node, as root), then fuzz the decoders.
+test: verify-gen ## Check generated files, build the image and the tools, run every test with -race against a real kube-apiserver and NATS (and a real node, as root); lint and fuzz the decoders beside them.
 	$(MAKE) --no-print-directory -j2 -Otarget test-deps
-	$(GO) test $(TEST_FLAGS) -vet=off ./...
+	$(MAKE) --no-print-directory -j2 -Oline test-go test-beside
+
+.PHONY: test-go
+test-go:
+	$(GO) test $(TEST_FLAGS) -vet=off $(TEST_FIRST) ./...
 	cd hack/ociimage && $(GO) test $(TEST_FLAGS) ./...
-	$(MAKE) --no-print-directory fuzz
+
+.PHONY: test-beside
+test-beside:
+	nice -n 19 $(MAKE) --no-print-directory lint fuzz
 
 # What the tests need, built two at a time after verify-gen has rewritten
 # the generated files: a single go build leaves a core idle while it
 # downloads modules or links.
 .PHONY: test-deps
-test-deps: lint image $(CRANE) $(TEST_DEPS) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(NODE_DEPS)
+test-deps: image $(CRANE) $(TEST_DEPS) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(NODE_DEPS)
 
 # The compatibility tier: the tests of what a Kubernetes version can break,
 # run against the kube-apiserver of each supported version (hack/compat).
