@@ -242,7 +242,8 @@ $(BIN)/kube-%/kube-apiserver: $(TOOLS)/kube-%/go.mod | $(ETCD) $(KUBECTL)
 # builds with -tags nostack: the test files that start servers (NATS, a
 # kube-apiserver) say //go:build !nostack and are left out, and a target's
 # binary links the decoders and their imports, not nats-server, envtest and
-# client-go. fuzz fails if one of those is linked again.
+# client-go. fuzz fails if one of those is linked again. Its "ok" lines
+# say "fuzzed": they are not the test run's (hack/timings reads those).
 FUZZ_HEAVY := github.com/nats-io/nats-server/v2/server sigs.k8s.io/controller-runtime/pkg/envtest k8s.io/client-go/rest
 
 .PHONY: fuzz
@@ -253,7 +254,9 @@ fuzz: ## Fuzz every decoder of outside input for FUZZ_TIME each, beyond its corp
 	done
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t#*:} ($${t%%:*}) for $(FUZZ_TIME)"; \
-		$(GO) test -tags nostack -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZ_TIME) "$${t%%:*}"; \
+		$(GO) test -tags nostack -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZ_TIME) "$${t%%:*}" 2>&1 | \
+			awk '{ sub(/^ok /, "fuzzed "); print; fflush() } /no fuzz tests to fuzz/ { none = 1 } END { exit none }' || \
+			{ echo "fuzz: $$t failed, or names no fuzz target"; exit 1; }; \
 	done
 
 ##@ Deployment (needs a container engine and a cluster; not used by the tests)
