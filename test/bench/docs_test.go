@@ -39,8 +39,8 @@ func TestRenderBlocks(t *testing.T) {
 }
 
 func TestCommandQuotesForAShell(t *testing.T) {
-	got := command([]string{"-rates", "100,1000", "-only", "=raw-informer (process),=it's"})
-	want := `go run ./test/bench -rates '100,1000' -only '=raw-informer (process),=it'\''s'`
+	got := command([]string{"-rates", "100,1000", "-students", "", "-only", "=raw-informer (process),=it's"})
+	want := `go run ./test/bench -rates '100,1000' -students '' -only '=raw-informer (process),=it'\''s'`
 	if got != want {
 		t.Errorf("command = %s, want %s", got, want)
 	}

@@ -159,7 +159,7 @@ func (res Results) cells() map[cellKey][]result {
 func command(args []string) string {
 	out := []string{"go run ./test/bench"}
 	for _, a := range args {
-		if strings.ContainsAny(a, " ()',\"$*") {
+		if a == "" || strings.ContainsAny(a, " ()',\"$*") {
 			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
 		}
 		out = append(out, a)
