@@ -10,6 +10,7 @@ TOOLS   := $(ROOT)/hack/tools
 GO      ?= go
 
 CONTROLLER_GEN := $(BIN)/controller-gen
+CONTROLLER_GEN_PKG := sigs.k8s.io/controller-tools/cmd/controller-gen
 KUBE_APISERVER := $(BIN)/kube-apiserver
 ETCD           := $(BIN)/etcd
 KUBECTL        := $(BIN)/kubectl
@@ -161,7 +162,7 @@ lint: $(GOLANGCI_LINT) check-tree check-modules ## Run golangci-lint with hack/g
 check-modules: ## Fail if a module built by both this module and hack/tools resolves to two versions.
 	@export LC_ALL=C; mods='{{with .Module}}{{.Path}} {{.Version}}{{end}}'; \
 	here=$$($(GO) list -deps -f "$$mods" ./... | sort -u); \
-	tools=$$(cd $(TOOLS) && $(GO) list -deps -tags remove_all_sd -f "$$mods" $(call hack_tool_pkgs,$(HACK_TOOLS)) sigs.k8s.io/controller-tools/cmd/controller-gen | sort -u); \
+	tools=$$(cd $(TOOLS) && $(GO) list -deps -tags $(HACK_TOOL_TAGS) -f "$$mods" $(call hack_tool_pkgs,$(HACK_TOOLS)) $(CONTROLLER_GEN_PKG) | sort -u); \
 	apart=$$(join <(echo "$$here") <(echo "$$tools") | awk '$$2 != $$3 {print "  " $$1 " " $$2 " here, " $$3 " in hack/tools"}'); \
 	if [ -n "$$apart" ]; then echo "modules at two versions, so compiled twice: align them (go get in the module with the lower one)"; echo "$$apart"; exit 1; fi
 
@@ -306,7 +307,7 @@ bench: $(TEST_DEPS) ## Run the end-to-end benchmark (hours with the defaults: na
 tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(CRANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(GOLANGCI_LINT) $(NODE) ## Build controller-gen, kube-apiserver, etcd, kubectl, helm, promtool, prometheus, golangci-lint and the test node's parts.
 
 $(CONTROLLER_GEN): $(TOOLS)/go.mod
-	cd $(TOOLS) && GOBIN=$(BIN) $(HOST_GO) install $(HOST_FLAGS) $(TOOL_LDFLAGS) sigs.k8s.io/controller-tools/cmd/controller-gen
+	cd $(TOOLS) && GOBIN=$(BIN) $(HOST_GO) install $(HOST_FLAGS) $(TOOL_LDFLAGS) $(CONTROLLER_GEN_PKG)
 
 # hack/tools is one module for every tool that uses Kubernetes' client
 # libraries: kube-apiserver, etcd and kubectl, the test node's kubelet,
@@ -324,9 +325,10 @@ HACK_TOOL_PKG := kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubectl=k8s
 	kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager kube-proxy=k8s.io/kubernetes/cmd/kube-proxy \
 	coredns=./cmd/coredns helm=helm.sh/helm/v4/cmd/helm \
 	promtool=github.com/prometheus/prometheus/cmd/promtool prometheus=github.com/prometheus/prometheus/cmd/prometheus
+HACK_TOOL_TAGS := remove_all_sd
 hack_tool_pkgs = $(foreach t,$(notdir $(1)),$(patsubst $(t)=%,%,$(filter $(t)=%,$(HACK_TOOL_PKG))))
 HACK_TOOL_SRC := $(TOOLS)/go.mod $(wildcard $(TOOLS)/cmd/*/main.go)
-build_hack_tools = cd $(TOOLS) && $(HOST_GO) build $(HOST_FLAGS) -tags remove_all_sd $(call kube_ldflags,$(call kube_version,$(TOOLS)/go.mod)) -o $(BIN)/ $(call hack_tool_pkgs,$(1)) && touch $(1)
+build_hack_tools = cd $(TOOLS) && $(HOST_GO) build $(HOST_FLAGS) -tags $(HACK_TOOL_TAGS) $(call kube_ldflags,$(call kube_version,$(TOOLS)/go.mod)) -o $(BIN)/ $(call hack_tool_pkgs,$(1)) && touch $(1)
 
 ifneq ($(filter test test-deps,$(MAKECMDGOALS)),)
 BUILT_TOGETHER := $(CONTROL_PLANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(if $(NODE_DEPS),$(NODE_KUBE) $(COREDNS))
