@@ -489,3 +489,37 @@ func TestLostShardAtTargetIsNotOrphaned(t *testing.T) {
 	a.m.Lost(key)
 	waitShares(t, []*replica{a, b}, 3, [2]int{2, 2}, [2]int{1, 1})
 }
+
+// TestMemberLeaseLastsLeaseDuration: a replica's shards are free only once
+// its member Lease was not renewed for LeaseDuration (docs/scaling.md),
+// not RenewDeadline: read as another replica reads them, the Leases a
+// replica wrote name it the holder of its shards until LeaseDuration after
+// its last renewal, and nobody after.
+func TestMemberLeaseLastsLeaseDuration(t *testing.T) {
+	name := fmt.Sprintf("duration-%d", time.Now().UnixNano()%100000)
+	const lease, renew = 8 * time.Second, 3 * time.Second
+	a := startReplica(t, name, "a", 4, func(o *shards.Options) {
+		o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = lease, renew, 100*time.Millisecond
+	})
+	waitShares(t, []*replica{a}, 4, [2]int{4, 4})
+	var list coordinationv1.LeaseList
+	if err := st.Client.List(context.Background(), &list, client.InNamespace("default"), client.MatchingLabels{shards.LabelBridge: name}); err != nil {
+		t.Fatal(err)
+	}
+	var renewed time.Time
+	for _, l := range list.Items {
+		if l.Labels[shards.LabelRole] == shards.RoleMember && l.Spec.RenewTime != nil {
+			renewed = l.Spec.RenewTime.Time
+		}
+	}
+	if renewed.IsZero() {
+		t.Fatalf("no renewed member Lease among %d Leases of %s", len(list.Items), name)
+	}
+	if held := shards.ShardHolders(list.Items, renewed.Add(lease-time.Second)); len(held) != 4 {
+		t.Errorf("%s after the member Lease's last renewal, its Leases say %d of 4 shards are held (%v), want 4: "+
+			"another replica would take them before LeaseDuration (%s)", lease-time.Second, len(held), held, lease)
+	}
+	if held := shards.ShardHolders(list.Items, renewed.Add(lease+time.Second)); len(held) != 0 {
+		t.Errorf("%s after the member Lease's last renewal, its Leases still say shards %v are held, want none", lease+time.Second, held)
+	}
+}
