@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +12,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
@@ -105,5 +108,75 @@ func TestStatusStageFromAsked(t *testing.T) {
 	}
 	if took := time.Duration((total - sum) * float64(time.Second)); took < behind {
 		t.Errorf("the status stage took %s, less than the %s the write waited since it was asked for", took, behind)
+	}
+}
+
+// TestFailingViewsKeepTheBudget: a failing view skips the wait for the
+// changes in flight, not the status.qps budget (docs/scaling.md), so an
+// outage that fails every Student does not turn into a burst of status
+// writes: eight failing Students at 2 writes a second take at least the
+// 3.5 s the budget spaces seven intervals by.
+func TestFailingViewsKeepTheBudget(t *testing.T) {
+	ctx := context.Background()
+	ns := stacktest.Namespace(t, st.Client, "budget")
+	const students, qps = 8, 2.0
+	var keys []types.NamespacedName
+	for i := range students {
+		name := fmt.Sprintf("s%d", i)
+		if err := st.Client.Create(ctx, &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: studentv1.StudentSpec{Name: name, School: "china"}}); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, types.NamespacedName{Namespace: ns, Name: name})
+	}
+	base, err := client.NewWithWatch(st.RestConfig, client.Options{Scheme: st.Client.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var written []time.Time
+	c := interceptor.NewClient(base, interceptor.Funcs{
+		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			err := c.SubResource(sub).Update(ctx, obj, opts...)
+			if err == nil && obj.GetNamespace() == ns {
+				mu.Lock()
+				written = append(written, time.Now())
+				mu.Unlock()
+			}
+			return err
+		},
+	})
+	view := func(s *studentv1.Student) studentv1.StudentStatus {
+		return studentv1.StudentStatus{Conditions: []metav1.Condition{{Type: studentv1.ConditionPublished, Status: metav1.ConditionFalse,
+			Reason: "PublishFailed", Message: "NATS is down", LastTransitionTime: metav1.Now(), ObservedGeneration: s.Generation}}}
+	}
+	busy := func() bool { return true } // changes always wait: a failing view writes anyway
+	w := statusview.NewWriter(c, view, qps, busy, logr.Discard())
+	for _, k := range keys {
+		w.Enqueue(k)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Start(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("the status writer: %v", err)
+		}
+	}()
+	stacktest.WaitFor(t, "every failing status written", func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(written) < students {
+			return fmt.Errorf("%d of %d written", len(written), students)
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	// The limiter's burst is 1: n writes span at least n-1 intervals (a
+	// little slack for the token bucket's clock).
+	if span, least := written[len(written)-1].Sub(written[0]), time.Duration(float64(students-1)/qps*float64(time.Second))*9/10; span < least {
+		t.Errorf("%d failing status writes within %s, want them spread over at least %s by status.qps %v", len(written), span.Round(time.Millisecond), least, qps)
 	}
 }
