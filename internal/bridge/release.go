@@ -92,7 +92,7 @@ func ReleaseFinalizers(ctx context.Context, cfg *config.Config, restCfg *rest.Co
 	}
 	released := 0
 	for _, ns := range namespaces {
-		n, err := releaseNamespace(ctx, c, ns, selector)
+		n, err := releaseNamespace(ctx, c, ns, selector, releasePage)
 		released += n
 		if err != nil {
 			return released, err
@@ -143,14 +143,17 @@ func waitUntilFree(ctx context.Context, read func(context.Context) ([]coordinati
 	}
 }
 
+// releasePage is how many Students release-finalizers lists at a time.
+const releasePage = 500
+
 // releaseNamespace removes the finalizer from the Students of ns ("" is
-// every namespace) that match selector, a page at a time.
-func releaseNamespace(ctx context.Context, c client.Client, ns string, selector labels.Selector) (int, error) {
+// every namespace) that match selector, page Students at a time.
+func releaseNamespace(ctx context.Context, c client.Client, ns string, selector labels.Selector, page int64) (int, error) {
 	released := 0
 	cont := ""
 	for {
 		var list studentv1.StudentList
-		if err := c.List(ctx, &list, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: selector}, client.Limit(500), client.Continue(cont)); err != nil {
+		if err := c.List(ctx, &list, client.InNamespace(ns), client.MatchingLabelsSelector{Selector: selector}, client.Limit(page), client.Continue(cont)); err != nil {
 			return released, fmt.Errorf("list Students: %w", err)
 		}
 		for i := range list.Items {

@@ -11,6 +11,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -185,5 +186,35 @@ func TestShardCountIsRecorded(t *testing.T) {
 	err := bridge.Run(ctx, &other, st.RestConfig)
 	if err == nil || !strings.Contains(err.Error(), "shards.count is 4") || !strings.Contains(err.Error(), `written with "1" shards`) {
 		t.Fatalf("a bridge with another shard count: %v, want a refusal naming shards.count", err)
+	}
+}
+
+// TestReleaseFinalizersPages: release-finalizers lists Students a page at
+// a time and releases every page, not the first alone (five Students, two
+// to a page here; 500 in the command).
+func TestReleaseFinalizersPages(t *testing.T) {
+	ns := newNamespace(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const students = 5
+	for i := range students {
+		name := fmt.Sprintf("s%d", i)
+		if err := st.Client.Create(ctx, &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Finalizers: []string{studentv1.Finalizer}},
+			Spec: studentv1.StudentSpec{Name: name, School: "china"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := bridge.ReleaseNamespace(ctx, st.Client, ns, labels.Everything(), 2)
+	if err != nil || n != students {
+		t.Errorf("released %d of %d Students two to a page (%v)", n, students, err)
+	}
+	var list studentv1.StudentList
+	if err := st.Client.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range list.Items {
+		if controllerutil.ContainsFinalizer(&s, studentv1.Finalizer) {
+			t.Errorf("%s still has the bridge's finalizer", s.Name)
+		}
 	}
 }
