@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
@@ -223,4 +225,61 @@ func TestSnapshotFloodIsCoalesced(t *testing.T) {
 		t.Errorf("a request after the interval was answered by the old run: %+v", r)
 	}
 	waitStream(t, nc, cfg.NATS.Stream.Name, 3*students)
+}
+
+// TestSnapshotNotReusedOnceItsFirstEventLeft: within snapshot.minInterval a
+// request is answered by the run that ended only while the stream still
+// holds that run's first event (docs/consuming.md): a reader from its
+// FirstSequence must see every Student. Once the stream dropped it (its
+// limits, here a purge), the request makes a new run, even though the
+// run's later events are still there.
+func TestSnapshotNotReusedOnceItsFirstEventLeft(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "held")
+	cfg.Snapshot.RequestSubject = "held-bridge.snapshot"
+	cfg.Snapshot.MinInterval = time.Hour
+	startBridge(t, cfg)
+	nc := natsConn(t)
+	const students = 3
+	for i := range students {
+		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%d", i), "wang", "china")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStream(t, nc, cfg.NATS.Stream.Name, students)
+	request := func() studentv1.SnapshotReply {
+		t.Helper()
+		msg, err := nc.Request(cfg.Snapshot.RequestSubject, []byte(`{}`), 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reply studentv1.SnapshotReply
+		if err := json.Unmarshal(msg.Data, &reply); err != nil || reply.Error != "" || reply.Published != students {
+			t.Fatalf("reply %s (%v), want %d published", msg.Data, err, students)
+		}
+		return reply
+	}
+	first := request()
+	waitStream(t, nc, cfg.NATS.Stream.Name, 2*students)
+	if again := request(); !again.Coalesced || again.Run != first.Run {
+		t.Fatalf("a request within the interval, every event held: %+v, want run %s again", again, first.Run)
+	}
+
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, cfg.NATS.Stream.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Everything up to the run's first event goes; its other events stay.
+	if err := stream.Purge(ctx, jetstream.WithPurgeSequence(first.FirstSequence+1)); err != nil {
+		t.Fatal(err)
+	}
+	if r := request(); r.Coalesced || r.Run == first.Run {
+		t.Errorf("a request once the run's first event (sequence %d) left the stream was answered by that run: %+v", first.FirstSequence, r)
+	}
+	waitStream(t, nc, cfg.NATS.Stream.Name, 2*students-1)
 }
