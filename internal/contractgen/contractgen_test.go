@@ -3,6 +3,7 @@ package contractgen
 import (
 	"bytes"
 	"encoding/json"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -103,6 +104,69 @@ func TestCompare(t *testing.T) {
 	breaks, err := Compare(map[string][]byte{"v1/t.json": []byte(base)}, map[string][]byte{"v1/u.json": []byte(base)})
 	if err != nil || len(breaks) != 1 || breaks[0].Kind != "removed" {
 		t.Errorf("a schema gone: %v, %v", breaks, err)
+	}
+}
+
+// TestCompareSeesEveryField: in each schema the bridge publishes, a
+// changed type of any field at any depth (a Student's metadata.labels'
+// values, three levels below an event's root, through a $ref) is a break
+// at that field's path.
+func TestCompareSeesEveryField(t *testing.T) {
+	current, err := Schemas(filepath.Join(stack.RepoRoot(), "api", "v1"), contract.SchemaVersion)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deepest := 0
+	for file, data := range current {
+		var doc Schema
+		if err := json.Unmarshal(data, &doc); err != nil {
+			t.Fatal(err)
+		}
+		var walk func(at string, s Schema, depth int)
+		walk = func(at string, s Schema, depth int) {
+			s = resolve(s, doc)
+			if depth > 8 || s == nil {
+				return // a recursive type: far enough
+			}
+			if typ, ok := s["type"].(string); ok {
+				other := "boolean"
+				if typ == other {
+					other = "string"
+				}
+				s["type"] = other
+				changed, err := json.Marshal(doc)
+				s["type"] = typ
+				if err != nil {
+					t.Fatal(err)
+				}
+				breaks, err := Compare(map[string][]byte{file: data}, map[string][]byte{file: changed})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := Break{Schema: schemaName(file), Path: at, Kind: "type changed", Detail: other + ", was " + typ}
+				if at == "" {
+					want.Path = "(root)"
+				}
+				if !slices.Contains(breaks, want) {
+					t.Errorf("%s: %s changed from %s to %s; the gate found %v", file, want.Path, typ, other, breaks)
+				}
+				deepest = max(deepest, depth)
+			}
+			props, _ := s["properties"].(map[string]any)
+			for _, name := range slices.Sorted(maps.Keys(props)) {
+				p, _ := props[name].(map[string]any)
+				walk(join(at, name), p, depth+1)
+			}
+			for _, key := range []string{"items", "additionalProperties"} {
+				if sub, ok := s[key].(map[string]any); ok {
+					walk(join(at, "["+key+"]"), sub, depth+1)
+				}
+			}
+		}
+		walk("", doc, 0)
+	}
+	if deepest < 3 {
+		t.Errorf("the deepest typed field is %d levels below a root, want metadata.labels' values (3) among them", deepest)
 	}
 }
 
