@@ -47,10 +47,13 @@ var docKinds = map[string]func(Results) (string, error){
 	},
 }
 
-// renderDocs renders every block of the markdown files under paths (files,
-// or folders whose *.md files), relative to the repository root, in place.
-func renderDocs(paths []string) error {
-	root := stack.RepoRoot()
+// docPaths are the files and folders whose markdown files have benchmark
+// blocks, relative to the repository root: README's figures and docs/'s.
+var docPaths = []string{"README.md", "docs"}
+
+// docFiles lists the markdown files under paths (files, or folders whose
+// *.md files) below root.
+func docFiles(root string, paths []string) []string {
 	var files []string
 	for _, p := range paths {
 		p = filepath.Join(root, p)
@@ -61,7 +64,14 @@ func renderDocs(paths []string) error {
 		}
 		files = append(files, p)
 	}
-	for _, f := range files {
+	return files
+}
+
+// renderDocs renders every block of the markdown files under paths (see
+// docFiles) in place.
+func renderDocs(paths []string) error {
+	root := stack.RepoRoot()
+	for _, f := range docFiles(root, paths) {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			return err

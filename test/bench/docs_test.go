@@ -1,10 +1,13 @@
 package main
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
 // A block is rendered again from its results file, whatever it held; a
@@ -43,5 +46,49 @@ func TestCommandQuotesForAShell(t *testing.T) {
 	want := `go run ./test/bench -rates '100,1000' -students '' -only '=raw-informer (process),=it'\''s'`
 	if got != want {
 		t.Errorf("command = %s, want %s", got, want)
+	}
+}
+
+// TestEveryBlockIsRendered: every markdown file of the repository with a
+// benchmark block is one `-docs` (make generate) renders, so make
+// verify-gen sees its figures drift, and each is as its results file
+// renders it now.
+func TestEveryBlockIsRendered(t *testing.T) {
+	root := stack.RepoRoot()
+	rendered := map[string]bool{}
+	for _, f := range docFiles(root, docPaths) {
+		rendered[f] = true
+	}
+	found := 0
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "bin" || d.Name() == "node_modules") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".md") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil || !docBlock.Match(b) {
+			return err
+		}
+		found++
+		rel, _ := filepath.Rel(root, path)
+		if !rendered[path] {
+			t.Errorf("%s has benchmark blocks that -docs (make generate) does not render", rel)
+			return nil
+		}
+		if out, err := renderBlocks(root, string(b)); err != nil || out != string(b) {
+			t.Errorf("%s's benchmark blocks are not as their results files render them (make generate): %v", rel, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if found == 0 {
+		t.Fatal("no markdown file with a benchmark block found")
 	}
 }

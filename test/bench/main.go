@@ -129,7 +129,7 @@ func main() {
 	flag.DurationVar(&settleQuiet, "settle", 2*time.Second, "A run has settled when no event arrived for this long.")
 	flag.Parse()
 	if docs {
-		if err := renderDocs([]string{"README.md", "docs"}); err != nil {
+		if err := renderDocs(docPaths); err != nil {
 			fmt.Fprintln(os.Stderr, "bench:", err)
 			os.Exit(1)
 		}
