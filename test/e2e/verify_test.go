@@ -44,8 +44,9 @@ func runVerify(t *testing.T, args ...string) (string, int) {
 
 // TestVerifyCommand: `student-bridge verify` as an operator runs it: 0
 // and no findings for what a bridge published, 1 and the README's sample
-// for a delete no bridge saw (finalizer and record removed while none ran),
-// the same as JSON, and 2 when NATS cannot be reached.
+// for a message no bridge published and for a delete no bridge saw
+// (finalizer and record removed while none ran), the same as JSON, and 2
+// when NATS cannot be reached.
 func TestVerifyCommand(t *testing.T) {
 	w := newWorld(t)
 	p := w.startAndPublish(t, w.bridgeArgs(w.admin)...)
@@ -56,6 +57,27 @@ func TestVerifyCommand(t *testing.T) {
 	out, code := runVerify(t, flags...)
 	if code != 0 || !strings.Contains(out, "no findings") {
 		t.Fatalf("verify of what the bridge published: exit %d\n%s", code, out)
+	}
+
+	// A message no bridge published is drift on its own: exit 1.
+	js, err := jetstream.New(w.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(context.Background(), w.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack, err := js.Publish(context.Background(), "student.updated", []byte("not a CloudEvent"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, code = runVerify(t, flags...)
+	if code != 1 || !strings.Contains(out, "foreign") {
+		t.Errorf("verify of a stream whose only drift is a foreign message: exit %d, want 1 and the finding\n%s", code, out)
+	}
+	if err := stream.DeleteMsg(context.Background(), ack.Sequence); err != nil {
+		t.Fatal(err)
 	}
 
 	if err := p.stop(t, syscall.SIGTERM); err != nil {
@@ -107,14 +129,6 @@ func TestVerifyCommand(t *testing.T) {
 	// Every event purged (as the stream's limits age them out): the
 	// Students that are left have no event, which is not drift unless
 	// --strict; the lost delete's events went too.
-	js, err := jetstream.New(w.nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := js.Stream(context.Background(), w.stream)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := stream.Purge(context.Background()); err != nil {
 		t.Fatal(err)
 	}
