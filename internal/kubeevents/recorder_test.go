@@ -155,19 +155,28 @@ func TestQPSMustBePositive(t *testing.T) {
 	}
 }
 
-// While the caller is busy Events wait in the queue; they are written once
-// it is not.
+// While the caller is busy Events wait (a writer holding one asks Busy
+// until it says no); they are written once it is not.
 func TestBusyCallerHoldsEvents(t *testing.T) {
 	s := student(t)
 	var busy atomic.Bool
+	var asked atomic.Int64
 	busy.Store(true)
-	r := newRecorder(t, kubeevents.Options{QPS: 100, Busy: busy.Load})
+	r := newRecorder(t, kubeevents.Options{QPS: 100, Busy: func() bool { asked.Add(1); return busy.Load() }})
 	start(t, r)
 	for i := range 3 {
 		r.Eventf(s, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "event %d", i)
 	}
-	// Unheld, the writers create them within milliseconds.
-	time.Sleep(time.Second)
+	// A writer asks Busy once it holds an Event, before its write: asked
+	// and told busy again and again, it held its Event back all along.
+	if err := stacktest.Eventually(10*time.Second, func() error {
+		if n := asked.Load(); n < 10 {
+			return fmt.Errorf("the writers asked Busy %d times, want 10", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	var list eventsv1.EventList
 	if err := st.Client.List(context.Background(), &list, client.InNamespace(s.Namespace)); err != nil {
 		t.Fatal(err)
