@@ -83,7 +83,12 @@ func TestCatchUpUnderLoad(t *testing.T) {
 	dropFinalizers(t, ns, 0, quiet)
 	// The load runs before the bridge starts: its queue holds live changes
 	// from the first moment.
-	time.Sleep(time.Second)
+	stacktest.WaitFor(t, "the load under way", func() error {
+		if n := changes.Load(); n < 2*busy {
+			return fmt.Errorf("%d changes made, want %d", n, 2*busy)
+		}
+		return nil
+	})
 	// Live changes queued before the catch-up is raised to their
 	// priority: at most one per busy Student.
 	var deepest float64
@@ -115,19 +120,20 @@ func catchUpAfterStart(t *testing.T, start func(), timeout time.Duration, sample
 	t.Helper()
 	count0, sum0 := histogram(t, "student_bridge_catch_up_duration_seconds")
 	start()
-	deadline := time.Now().Add(timeout)
-	for {
+	var took time.Duration
+	if err := stacktest.Eventually(timeout, func() error {
 		for _, f := range sample {
 			f()
 		}
 		if count, sum := histogram(t, "student_bridge_catch_up_duration_seconds"); count > count0 {
-			return time.Duration((sum - sum0) * float64(time.Second))
+			took = time.Duration((sum - sum0) * float64(time.Second))
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no catch-up ended within %s; %d Students still queued by it", timeout, int(gauge(t, "student_bridge_catch_up_students")))
-		}
-		time.Sleep(20 * time.Millisecond)
+		return fmt.Errorf("%d Students still queued by it", int(gauge(t, "student_bridge_catch_up_students")))
+	}); err != nil {
+		t.Fatalf("no catch-up ended within %s: %v", timeout, err)
 	}
+	return took
 }
 
 // dropFinalizers removes the bridge's finalizer from the Students s<from>

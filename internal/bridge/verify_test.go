@@ -134,10 +134,19 @@ func TestVerifyFindsEachKindOfDrift(t *testing.T) {
 	publish(&nats.Msg{Subject: cfg.NATS.SubjectPrefix + "." + studentv1.OperationUpdated,
 		Data: fmt.Appendf(nil, `{"specversion":"1.0","id":"x1","type":%q,"source":%q,"data":{"metadata":{"namespace":%q,"name":"e","uid":%q}}}`,
 			studentv1.EventTypeUpdated, contract.Source(cfg.Cluster), ns, e.UID)})
-	// f: its created event again, once the duplicate window has passed.
-	time.Sleep(1500 * time.Millisecond)
+	// f: its created event again, once the duplicate window has passed:
+	// until then the stream acks the copy as a duplicate and drops it.
 	f := of("f")[0]
-	publish(&nats.Msg{Subject: f.Subject, Header: f.Header, Data: mustRaw(t, stream, f.Sequence)})
+	raw := mustRaw(t, stream, f.Sequence)
+	if err := stacktest.Eventually(30*time.Second, func() error {
+		ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: f.Subject, Header: f.Header, Data: raw})
+		if err == nil && ack.Duplicate {
+			err = fmt.Errorf("the copy of f's created event is within the duplicate window")
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
 
 	r, err := verify.Verify(ctx, verifySource(cfg, nc), verify.Options{Settle: 200 * time.Millisecond})
 	if err != nil {
