@@ -589,11 +589,19 @@ func TestMirrorOutlastsMissedHeartbeats(t *testing.T) {
 	}
 	t.Cleanup(nc.Close)
 	rec := &recorder{}
-	m, _ := w.mirrorOn(t, nc, "stall", rec.handle)
+	var log stacktest.Buffer
+	m, _ := w.mirrorOn(t, nc, "stall", rec.handle, func(o *consumer.MirrorOptions) { o.Logger = slog.New(slog.NewTextHandler(&log, nil)) })
 	w.waitSame(t, m)
 
+	// Stalled (what the server sends arrives 12 s late) until the Mirror
+	// says its consumer missed its heartbeats (two, 5 s apart).
 	link.SetDelay(12 * time.Second)
-	time.Sleep(12 * time.Second)
+	stacktest.WaitFor(t, "the Mirror to miss its consumer's heartbeats", func() error {
+		if !strings.Contains(log.String(), "missed its heartbeats") {
+			return errors.New("not yet")
+		}
+		return nil
+	})
 	link.SetDelay(0)
 	w.create(t, "y", "beijing")
 	w.waitSame(t, m)

@@ -89,7 +89,22 @@ func TestMirrorAcksOnlyHandledEvents(t *testing.T) {
 		return nil
 	})
 	// A few more retries of first, none of which may move the ack floor.
-	time.Sleep(500 * time.Millisecond)
+	calls := func() int {
+		n := 0
+		for _, c := range rec.snapshot() {
+			if c.Name == "first" {
+				n++
+			}
+		}
+		return n
+	}
+	tried := calls()
+	stacktest.WaitFor(t, "three more tries of first", func() error {
+		if n := calls() - tried; n < 3 {
+			return fmt.Errorf("first tried %d more times", n)
+		}
+		return nil
+	})
 	if floor := w.ackFloor(t, "roster"); floor != 0 {
 		t.Fatalf("while the first event's change fails, acknowledged up to %d, want 0", floor)
 	}
