@@ -16,6 +16,7 @@ const (
 	requestLoad    = "load"    // every record read, at a start or a shard's gain
 	requestWatch   = "watch"   // a watch of a bucket started
 	requestPurge   = "purge"   // delete markers purged
+	requestLookup  = "lookup"  // which stream captures a subject no stream answered on
 )
 
 // jetstreamRequests counts what the bridge asks of JetStream, each request
@@ -24,7 +25,7 @@ const (
 // say how many messages, not what for.
 var jetstreamRequests = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "student_bridge_jetstream_requests_total",
-	Help: "Requests the bridge made to JetStream, by request: publish (an event), commit (an event with its record), write and delete (a record), read (one record), load (every record), watch, purge.",
+	Help: "Requests the bridge made to JetStream, by request: publish (an event), commit (an event with its record), write and delete (a record), read (one record), load (every record), watch, purge, lookup (which stream captures a subject no stream answered on).",
 }, []string{"request"})
 
 var registerOnce sync.Once
@@ -37,7 +38,7 @@ var registerOnce sync.Once
 func RegisterMetrics(reg prometheus.Registerer) {
 	registerOnce.Do(func() {
 		reg.MustRegister(jetstreamRequests)
-		for _, r := range []string{requestPublish, requestCommit, requestWrite, requestDelete, requestRead, requestLoad, requestWatch, requestPurge} {
+		for _, r := range []string{requestPublish, requestCommit, requestWrite, requestDelete, requestRead, requestLoad, requestWatch, requestPurge, requestLookup} {
 			jetstreamRequests.WithLabelValues(r)
 		}
 	})

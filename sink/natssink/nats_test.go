@@ -5,6 +5,7 @@ package natssink_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -256,15 +257,32 @@ func TestPublishErrors(t *testing.T) {
 	}
 }
 
+// TestPublishWithoutStreamIsRejected: a publish no stream answers is a
+// rejection when JetStream says no stream captures the subject. Asked once,
+// that answer stands for the failures that follow (one request for an
+// outage, not one per failed publish).
 func TestPublishWithoutStreamIsRejected(t *testing.T) {
 	_, nc := server(t, nil)
 	p, err := natssink.NewPublisher(nc, natssink.Config{Layout: layout(t), AckTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = p.Publish(context.Background(), testEvent(t, "io.k8s.example.student.created", "x", nil))
-	if !errors.Is(err, sink.ErrRejected) {
-		t.Errorf("no stream: err %v, want ErrRejected", err)
+	// What JetStream is asked, as the server sees it.
+	lookups, err := nc.SubscribeSync("$JS.API.STREAM.NAMES")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		_, err = p.Publish(context.Background(), testEvent(t, "io.k8s.example.student.created", fmt.Sprint("x", i), nil))
+		if !errors.Is(err, sink.ErrRejected) {
+			t.Errorf("no stream: err %v, want ErrRejected", err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _, _ := lookups.Pending(); n != 1 {
+		t.Errorf("five publishes no stream answered asked JetStream %d times which stream captures the subject, want once", n)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
@@ -53,6 +54,15 @@ type Publisher struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
 	cfg Config
+
+	// capture is JetStream's last answer to which stream captures the
+	// publisher's subjects (see capturing).
+	capture struct {
+		mu     sync.Mutex
+		at     time.Time
+		stream string
+		err    error
+	}
 }
 
 var _ sink.Sink = (*Publisher)(nil)
@@ -104,15 +114,16 @@ func (p *Publisher) Publish(ctx context.Context, event cloudevents.Event) (sink.
 	if err := p.connected(); err != nil {
 		return sink.Receipt{}, err
 	}
+	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.AckTimeout)
 	defer cancel()
 
 	if p.cfg.Mode == Core {
 		if err := p.nc.PublishMsg(msg); err != nil {
-			return sink.Receipt{}, p.classify(subject, err)
+			return sink.Receipt{}, p.classify(caller, subject, err)
 		}
 		if err := p.nc.FlushWithContext(ctx); err != nil {
-			return sink.Receipt{}, p.classify(subject, err)
+			return sink.Receipt{}, p.classify(caller, subject, err)
 		}
 		return sink.Receipt{Subject: subject}, nil
 	}
@@ -124,7 +135,7 @@ func (p *Publisher) Publish(ctx context.Context, event cloudevents.Event) (sink.
 	count(requestPublish)
 	ack, err := p.js.PublishMsg(ctx, msg, opts...)
 	if err != nil {
-		return sink.Receipt{}, p.cfg.Mover.Observe(p.classify(subject, err))
+		return sink.Receipt{}, p.cfg.Mover.Observe(p.classify(caller, subject, err))
 	}
 	_ = p.cfg.Mover.Observe(nil)
 	return sink.Receipt{Subject: subject, Stream: ack.Stream, Sequence: ack.Sequence, Duplicate: ack.Duplicate}, nil
@@ -194,37 +205,48 @@ func isUnavailable(err error) bool {
 	return errors.As(err, &apiErr) && slices.Contains(errCodesUnavailable, apiErr.ErrorCode)
 }
 
-// classify wraps err with the sink sentinel that says what the caller can do.
-func (p *Publisher) classify(subject string, err error) error {
+// classify wraps err with the sink sentinel that says what the caller can
+// do; ctx is the caller's (not the publish's, which may have timed out).
+func (p *Publisher) classify(ctx context.Context, subject string, err error) error {
+	answered, classified := p.classifyAnswered(subject, err)
+	if !answered {
+		return p.noStreamAnswered(ctx, subject, err)
+	}
+	return classified
+}
+
+// classifyAnswered is classify without asking JetStream anything:
+// answered is false for a JetStream publish that no stream answered (no
+// answer at all, or none within the ack timeout), which only JetStream can
+// tell apart (noStreamAnswered). On core NATS there is no stream to ask
+// about.
+func (p *Publisher) classifyAnswered(subject string, err error) (answered bool, classified error) {
 	var apiErr *jetstream.APIError
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload):
-		return fmt.Errorf("%w: publish %s: %w", sink.ErrTooLarge, subject, err)
+		return true, fmt.Errorf("%w: publish %s: %w", sink.ErrTooLarge, subject, err)
 	case isUnavailable(err):
-		return fmt.Errorf("%w: publish %s: %w", sink.ErrUnavailable, subject, err)
+		return true, fmt.Errorf("%w: publish %s: %w", sink.ErrUnavailable, subject, err)
 	case errors.As(err, &apiErr):
-		return fmt.Errorf("%w: publish %s: %w", sink.ErrRejected, subject, err)
+		return true, fmt.Errorf("%w: publish %s: %w", sink.ErrRejected, subject, err)
 	case errors.Is(err, nats.ErrConnectionClosed):
-		return fmt.Errorf("%w: publish %s: %w", sink.ErrClosed, subject, err)
+		return true, fmt.Errorf("%w: publish %s: %w", sink.ErrClosed, subject, err)
 	case !p.nc.IsConnected(), errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, nats.ErrConnectionReconnecting):
-		return fmt.Errorf("%w: publish %s: %w", sink.ErrNotConnected, subject, err)
+		return true, fmt.Errorf("%w: publish %s: %w", sink.ErrNotConnected, subject, err)
 	case p.js != nil && (errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded)):
-		// No answer at all, or none within the ack timeout. (On core NATS
-		// there is no stream to ask about.)
-		return p.noStreamAnswered(subject, err)
+		return false, nil
 	}
-	return fmt.Errorf("publish %s: %w", subject, err)
+	return true, fmt.Errorf("publish %s: %w", subject, err)
 }
 
 // noStreamAnswered tells the two reasons a publish gets no answer from a
-// stream apart by asking JetStream which stream captures the subject: none
-// (a rejection: retrying does not help until someone makes one), or one
-// whose leader is out of reach (an election, a lost quorum: unavailable
-// for a moment). When JetStream cannot say either, it is unavailable too.
-func (p *Publisher) noStreamAnswered(subject string, err error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.AckTimeout)
-	defer cancel()
-	stream, lookupErr := p.js.StreamNameBySubject(ctx, subject)
+// stream apart by what JetStream says captures the subject (capturing):
+// no stream (a rejection: retrying does not help until someone makes one),
+// or one whose leader is out of reach (an election, a lost quorum:
+// unavailable for a moment). When JetStream cannot say either, it is
+// unavailable too.
+func (p *Publisher) noStreamAnswered(ctx context.Context, subject string, err error) error {
+	stream, lookupErr := p.capturing(ctx, subject)
 	switch {
 	case errors.Is(lookupErr, jetstream.ErrStreamNotFound):
 		return fmt.Errorf("%w: publish %s: no stream captures the subject: %w", sink.ErrRejected, subject, err)
@@ -232,6 +254,35 @@ func (p *Publisher) noStreamAnswered(subject string, err error) error {
 		return fmt.Errorf("%w: publish %s: no stream answered, and JetStream could not say which captures the subject (%v): %w", sink.ErrUnavailable, subject, lookupErr, err)
 	}
 	return fmt.Errorf("%w: publish %s: stream %s captures the subject but did not answer (its leader is out of reach: an election, or no quorum): %w", sink.ErrUnavailable, subject, stream, err)
+}
+
+// captureFresh is how long JetStream's answer to which stream captures the
+// publisher's subjects stands for every publish that fails meanwhile.
+const captureFresh = 5 * time.Second
+
+// capturing returns the stream that captures subject, as JetStream last
+// said within captureFresh: in an outage every publish fails, and one
+// request answers them all rather than one more per failure. Every subject
+// of a publisher is its layout's, which one stream captures. A caller
+// that is gone (ctx done) gets its error, and nobody is asked.
+func (p *Publisher) capturing(ctx context.Context, subject string) (string, error) {
+	c := &p.capture
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.at.IsZero() && time.Since(c.at) < captureFresh {
+		return c.stream, c.err
+	}
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	lookup, cancel := context.WithTimeout(ctx, p.cfg.AckTimeout)
+	defer cancel()
+	count(requestLookup)
+	stream, err := p.js.StreamNameBySubject(lookup, subject)
+	if ctx.Err() == nil { // an answer cut short by the caller is no answer
+		c.at, c.stream, c.err = time.Now(), stream, err
+	}
+	return stream, err
 }
 
 func headerSize(msg *nats.Msg) int {

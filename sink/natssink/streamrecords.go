@@ -234,15 +234,16 @@ func (s *StreamRecords) Commit(ctx context.Context, event cloudevents.Event, key
 	if err := s.p.connected(); err != nil {
 		return sink.Receipt{}, 0, err
 	}
+	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	if err := s.p.nc.PublishMsg(ev); err != nil {
-		return sink.Receipt{}, 0, s.mover.Observe(s.p.classify(ev.Subject, err))
+		return sink.Receipt{}, 0, s.mover.Observe(s.p.classify(caller, ev.Subject, err))
 	}
 	count(requestCommit)
 	reply, err := s.p.nc.RequestMsgWithContext(ctx, rec)
 	if err != nil {
-		return sink.Receipt{}, 0, s.mover.Observe(s.p.classify(ev.Subject, err))
+		return sink.Receipt{}, 0, s.mover.Observe(s.p.classify(caller, ev.Subject, err))
 	}
 	var ack struct {
 		Stream string              `json:"stream"`
@@ -279,5 +280,7 @@ func (s *StreamRecords) classify(op string, err error) error {
 		// of reach (an election, or no quorum).
 		return fmt.Errorf("%w: record store: %s: stream %s did not answer: %w", sink.ErrUnavailable, op, s.stream, err)
 	}
-	return s.p.classify(op, err)
+	// Not reached with an error no stream answered: that is above.
+	_, classified := s.p.classifyAnswered(op, err)
+	return classified
 }
