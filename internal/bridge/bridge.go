@@ -63,7 +63,6 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 		"leaderElection", cfg.LeaderElection.Enabled, "holdDeletesWithFinalizer", cfg.Deletes.HoldWithFinalizer)
 
 	registerMetrics()
-	setMemoryLimit(log)
 	layout, err := natssink.NewSubjectLayout(cfg.NATS.SubjectPrefix, cfg.NATS.SubjectLayout)
 	if err != nil {
 		return fmt.Errorf("config key nats.subjectLayout: %w", err)
@@ -108,6 +107,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	// The cache shares the records' strings (trimStudent), so both exist
 	// before the manager.
 	recs := records.New()
+	defer recs.Forget()
 	mgr, err := newManager(cfg, restCfg, selector, recs)
 	if err != nil {
 		return err

@@ -90,6 +90,8 @@ type Set struct {
 	unsaved map[types.UID]struct{}
 	// afterLoad is called once the first Load finished.
 	afterLoad []func()
+	// shown is what this Set added to the process's gauges.
+	shown struct{ records, unsaved int }
 }
 
 type entry struct {
@@ -123,7 +125,7 @@ func (r *Set) Load(ctx context.Context, store sink.Store) error {
 	for _, sr := range all {
 		r.setLocked(sr.rec, sr.revision, true)
 	}
-	recordsGauge.Set(float64(len(r.byUID)))
+	r.gaugesLocked()
 	loadDuration.Observe(time.Since(start).Seconds())
 	r.once.Do(func() {
 		close(r.loaded)
@@ -436,7 +438,7 @@ func (r *Set) Commit(ctx context.Context, rec studentv1.StudentRecord, commit fu
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.setLocked(rec, newRevision, true)
-		recordsGauge.Set(float64(len(r.byUID)))
+		r.gaugesLocked()
 		return nil
 	case errors.Is(err, sink.ErrConflict):
 		r.reread(ctx, uid, nil)
@@ -540,7 +542,7 @@ func (r *Set) Remove(ctx context.Context, uid types.UID) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.dropLocked(uid)
-	recordsGauge.Set(float64(len(r.byUID)))
+	r.gaugesLocked()
 	return nil
 }
 
@@ -608,10 +610,23 @@ func (r *Set) reread(ctx context.Context, uid types.UID, newer *entry) {
 	}
 }
 
-// gaugesLocked sets the gauges of records held and unsaved.
+// gaugesLocked brings this Set's share of the gauges of records held and
+// unsaved up to date. The gauges are the process's: the sums over its
+// Sets, one per bridge it runs (the dev stack and the tests run several).
 func (r *Set) gaugesLocked() {
-	unsavedGauge.Set(float64(len(r.unsaved)))
-	recordsGauge.Set(float64(len(r.byUID)))
+	recordsGauge.Add(float64(len(r.byUID) - r.shown.records))
+	unsavedGauge.Add(float64(len(r.unsaved) - r.shown.unsaved))
+	r.shown.records, r.shown.unsaved = len(r.byUID), len(r.unsaved)
+}
+
+// Forget takes this Set's share out of the process's gauges, once its
+// bridge stopped; the Set is not used after.
+func (r *Set) Forget() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	recordsGauge.Sub(float64(r.shown.records))
+	unsavedGauge.Sub(float64(r.shown.unsaved))
+	r.shown.records, r.shown.unsaved = 0, 0
 }
 
 // keepNewerLocked keeps e, held for uid, over the store's record stored

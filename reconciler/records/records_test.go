@@ -12,6 +12,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/reconciler/records"
@@ -395,5 +396,42 @@ func TestReloadKeepsAnUnsavedNewerRecord(t *testing.T) {
 	}
 	if got, _ := recs.Get("u"); got.Published.ID != "sixth, there" || recs.Unsaved() != 0 {
 		t.Errorf("after the reload the Set holds %s (%d unsaved), want the store's sixth, nothing unsaved", got.Published.ID, recs.Unsaved())
+	}
+}
+
+// TestGaugesSumTheProcessSets: a process that runs several bridges (the
+// dev stack, the tests) shows in student_bridge_records the records of all
+// their Sets, not those of whichever wrote last; a stopped bridge's Set
+// takes its share out.
+func TestGaugesSumTheProcessSets(t *testing.T) {
+	records.RegisterMetrics()
+	held := func() float64 {
+		t.Helper()
+		families, err := crmetrics.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if f.GetName() == "student_bridge_records" {
+				return f.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("student_bridge_records is not registered")
+		return 0
+	}
+	before := held()
+	a, b := loaded(t, &sinktest.Store{}), loaded(t, &sinktest.Store{})
+	savedAB(t, a)
+	savedAB(t, b)
+	if got := held() - before; got != 4 {
+		t.Errorf("two Sets of two records each: student_bridge_records moved by %v, want 4", got)
+	}
+	a.Forget()
+	if got := held() - before; got != 2 {
+		t.Errorf("one Set forgotten: student_bridge_records moved by %v, want 2", got)
+	}
+	b.Forget()
+	if got := held() - before; got != 0 {
+		t.Errorf("both Sets forgotten: student_bridge_records moved by %v, want 0", got)
 	}
 }
