@@ -115,6 +115,7 @@ its environment variable are listed in configs/student-bridge.yaml.`,
 		if err != nil {
 			return err
 		}
+		bridge.SetMemoryLimit(ctrl.Log.WithName("bridge"))
 		ctx, cancel := signalContext(nil)
 		defer cancel()
 		return bridge.Run(ctx, cfg, restCfg)

@@ -13,12 +13,14 @@ import (
 	"github.com/go-logr/logr"
 )
 
-// setMemoryLimit sets the Go runtime's soft memory limit to 90% of the
+// SetMemoryLimit sets the Go runtime's soft memory limit to 90% of the
 // container's (its cgroup's memory limit), unless GOMEMLIMIT set one: the
 // rest is for what the runtime does not count (stacks of the OS, the
 // binary) and for the garbage collector to catch up before the container
-// would be killed. Without a cgroup limit it sets none.
-func setMemoryLimit(log logr.Logger) {
+// would be killed. Without a cgroup limit it sets none. The limit is the
+// process's: the command calls it once at its start, not Run, which a
+// process may call for several bridges.
+func SetMemoryLimit(log logr.Logger) {
 	if v := os.Getenv("GOMEMLIMIT"); v != "" {
 		log.Info("Go memory limit from GOMEMLIMIT", "GOMEMLIMIT", v)
 		return
