@@ -145,14 +145,16 @@ func TestTopology(t *testing.T) {
 	put("west", "u2")
 	hub.Link("west").Cut()
 	put("west", "u3")
-	waitKeys(t, clusters["east"], "billing.u1")
-	time.Sleep(time.Second) // what a cut link would have let through
+	// A receipt for east put after u3 arrives: the hub has u3 on its way
+	// too, and only the cut link holds it back from west.
+	put("east", "u4")
+	waitKeys(t, clusters["east"], "billing.u1", "billing.u4")
 	if keys := keysOf(t, clusters["west"]); slices.Contains(keys, "billing.u3") {
 		t.Fatalf("west has %v with its link cut", keys)
 	}
 	hub.Link("west").Heal()
 	waitKeys(t, clusters["west"], "billing.u2", "billing.u3")
-	waitKeys(t, clusters["east"], "billing.u1")
+	waitKeys(t, clusters["east"], "billing.u1", "billing.u4")
 }
 
 func keysOf(t *testing.T, c *cluster) []string {
