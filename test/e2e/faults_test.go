@@ -196,7 +196,19 @@ func TestLeaderFailover(t *testing.T) {
 
 func TestStreamFull(t *testing.T) {
 	w := newWorld(t)
-	start(t, t.TempDir(), w.bridgeArgs(w.admin, "--stream-max-msgs=5", "--stream-discard=new")...)
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	start(t, t.TempDir(), w.bridgeArgs(w.admin, "--stream-max-msgs=5", "--stream-discard=new", "--metrics-bind-address", metricsAddr)...)
+	// The deleted events the bridge tried to publish and could not.
+	deletesFailed := func() float64 {
+		n := 0.0
+		for series, v := range scrape(t, metricsAddr) {
+			if strings.HasPrefix(series, "student_bridge_events_published_total{") && strings.Contains(series, `result="error"`) &&
+				strings.Contains(series, studentv1.EventTypeDeleted) {
+				n += v
+			}
+		}
+		return n
+	}
 	ctx := context.Background()
 	for i := range 8 {
 		w.create(t, "default", fmt.Sprintf("full-%d", i), "s0")
@@ -239,9 +251,18 @@ func TestStreamFull(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	// A delete while the stream is full is held by the finalizer.
+	// A delete while the stream is full is held by the finalizer: its
+	// publish refused again and again, the Student stays.
+	before := deletesFailed()
 	w.delete(t, "default", "full-0")
-	time.Sleep(2 * time.Second) // several retries at the configured backoff
+	if err := stacktest.Eventually(30*time.Second, func() error {
+		if n := deletesFailed() - before; n < 3 {
+			return fmt.Errorf("the deleted event was refused %v times, want 3", n)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	var s studentv1.Student
 	if err := w.st.Client.Get(ctx, client.ObjectKey{Namespace: "default", Name: "full-0"}, &s); apierrors.IsNotFound(err) {
 		t.Fatal("a delete went through while its event could not be stored")
