@@ -116,20 +116,14 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	if err != nil {
 		return err
 	}
-	r, err := addReconciler(mgr, cfg, selector, pub, recs, log)
+	r, err := addReconciler(mgr, cfg, restCfg, selector, pub, recs, log)
 	if err != nil {
 		return err
 	}
 	if err := mgr.Add(&recordLoader{nc: nc, pub: pub, mover: mover, cfg: cfg, selector: selector, mgr: mgr, r: r, log: log.WithName("records")}); err != nil {
 		return err
 	}
-	if cfg.Shards.Count > 1 {
-		if err := addShards(mgr, cfg, restCfg, r, log); err != nil {
-			return err
-		}
-	}
 	if cfg.Receipts.Bucket != "" {
-		r.Receipts = statusview.NewReceipts(cfg.Services.Expected, nil)
 		defer r.CountServices()()
 		if err := mgr.Add(&receiptWatch{nc: nc, cfg: cfg, mgr: mgr, r: r, log: log.WithName("receipts")}); err != nil {
 			return err
@@ -206,8 +200,10 @@ func addBrokerSetup(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, layo
 }
 
 // addReconciler sets up the Student reconciler with its Kubernetes Event
-// recorder and status writer.
-func addReconciler(mgr manager.Manager, cfg *config.Config, selector labels.Selector, pub *natssink.Publisher, recs *records.Set, log logr.Logger) (*reconciler.StudentReconciler, error) {
+// recorder, status writer, receipts and shards. Every field of the
+// reconciler is set before SetupWithManager: nothing changes it once the
+// controller has it.
+func addReconciler(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config, selector labels.Selector, pub *natssink.Publisher, recs *records.Set, log logr.Logger) (*reconciler.StudentReconciler, error) {
 	r := &reconciler.StudentReconciler{
 		Client:            mgr.GetClient(),
 		APIReader:         mgr.GetAPIReader(),
@@ -242,6 +238,14 @@ func addReconciler(mgr manager.Manager, cfg *config.Config, selector labels.Sele
 	if cfg.Status.Enabled {
 		r.Status = statusview.NewWriter(mgr.GetClient(), r.View, cfg.Status.QPS, busy, log.WithName("status"))
 		if err := mgr.Add(r.Status); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.Receipts.Bucket != "" {
+		r.Receipts = statusview.NewReceipts(cfg.Services.Expected, nil)
+	}
+	if cfg.Shards.Count > 1 {
+		if err := addShards(mgr, cfg, restCfg, r, log); err != nil {
 			return nil, err
 		}
 	}
