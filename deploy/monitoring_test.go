@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -150,7 +149,7 @@ func TestMonitoringMetricsExist(t *testing.T) {
 		t.Fatalf("found only %d metric names in the alerts and the dashboard: %v", len(want), want)
 	}
 
-	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", stacktest.FreePorts(t, 1))
 	w := bridgetest.StartWith(t, st, "monitoring", func(cfg *config.Config) {
 		cfg.Shards.Count = 2
 		cfg.Services.Expected = []string{"roster"}
@@ -310,17 +309,6 @@ func TestChartMonitoring(t *testing.T) {
 	}
 }
 
-// freePort returns a TCP port nothing listens on now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // TestAlertsFireOnPrometheus: a real Prometheus (bin/prometheus) scrapes a
 // running bridge and evaluates the shipped alerts (their "for" shortened to
 // 2s): with the record store gone StudentBridgeRecordsUnsaved fires, with
@@ -332,7 +320,7 @@ func TestAlertsFireOnPrometheus(t *testing.T) {
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("%v: `make test` (or `make tools`) builds it", err)
 	}
-	nats, err := stack.StartNATS(stack.NATSOptions{Port: freePort(t)})
+	nats, err := stack.StartNATS(stack.NATSOptions{Port: stacktest.FreePorts(t, 1)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,7 +328,7 @@ func TestAlertsFireOnPrometheus(t *testing.T) {
 	ns := stacktest.Namespace(t, st.Client, "alerts")
 	cfg := bridgetest.Config(t, st, ns, "alerts")
 	cfg.NATS.URLs = nats.URL()
-	metricsPort := freePort(t)
+	metricsPort := stacktest.FreePorts(t, 1)
 	cfg.MetricsAddr = fmt.Sprintf("127.0.0.1:%d", metricsPort)
 	bridgetest.Run(t, cfg, st.RestConfig)
 	nc := stacktest.Connect(t, nats.URL())
@@ -363,7 +351,7 @@ scrape_configs:
   - targets: ["127.0.0.1:%d"]
     labels: {namespace: %s, pod: bridge-0}
 `, metricsPort, ns))
-	promPort := freePort(t)
+	promPort := stacktest.FreePorts(t, 1)
 	cmd := exec.Command(bin, "--config.file="+filepath.Join(dir, "prometheus.yml"), "--storage.tsdb.path="+filepath.Join(dir, "data"),
 		fmt.Sprintf("--web.listen-address=127.0.0.1:%d", promPort), "--log.level=warn")
 	var logs stacktest.Buffer

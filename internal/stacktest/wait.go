@@ -57,3 +57,14 @@ func Namespace(t testing.TB, c client.Client, prefix string) string {
 	}
 	return ns.Name
 }
+
+// FreePorts returns the first of n consecutive ports nothing listens on
+// (stack.FreePorts: below the ephemeral range), failing t if there are none.
+func FreePorts(t testing.TB, n int) int {
+	t.Helper()
+	base, err := stack.FreePorts(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return base
+}

@@ -21,7 +21,7 @@ import (
 // and a second start that resumes with the same Students and stream.
 func TestDevStackSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
-	natsPort := freePort(t)
+	natsPort := stacktest.FreePorts(t, 1)
 	args := []string{"dev", "--dir", dir, "--nats-port", fmt.Sprint(natsPort), "--metrics-bind-address", "0", "--health-probe-bind-address", "0"}
 	kubeconfig := filepath.Join(dir, "kubeconfig")
 	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
@@ -114,7 +114,7 @@ func waitEvents(t *testing.T, nc *nats.Conn, want int) []stacktest.Received {
 func TestDevNATSCluster(t *testing.T) {
 	dir := t.TempDir()
 	// The cluster's servers listen on --nats-port and the next two.
-	natsPort := freePorts(t, 3)
+	natsPort := stacktest.FreePorts(t, 3)
 	p := start(t, dir, "dev", "--dir", dir, "--nats-port", fmt.Sprint(natsPort), "--nats-cluster", "3",
 		"--metrics-bind-address", "0", "--health-probe-bind-address", "0")
 	p.waitOutput(t, "local stack is up", 90*time.Second)

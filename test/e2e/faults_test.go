@@ -196,7 +196,7 @@ func TestLeaderFailover(t *testing.T) {
 
 func TestStreamFull(t *testing.T) {
 	w := newWorld(t)
-	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", stacktest.FreePorts(t, 1))
 	start(t, t.TempDir(), w.bridgeArgs(w.admin, "--stream-max-msgs=5", "--stream-discard=new", "--metrics-bind-address", metricsAddr)...)
 	// The deleted events the bridge tried to publish and could not.
 	deletesFailed := func() float64 {

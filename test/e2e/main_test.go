@@ -5,7 +5,6 @@ package e2e
 import (
 	"bytes"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -126,26 +125,6 @@ func (p *proc) stop(t *testing.T, sig syscall.Signal) error {
 		t.Fatalf("process did not exit within 60s of %v\n%s", sig, p.output())
 	}
 	return nil
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// freePorts returns the first of n consecutive free ports (stack.FreePorts).
-func freePorts(t *testing.T, n int) int {
-	t.Helper()
-	base, err := stack.FreePorts(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return base
 }
 
 func kubectl(t *testing.T, kubeconfig string, args ...string) string {

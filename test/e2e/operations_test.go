@@ -69,8 +69,8 @@ func TestSecretsNeverLogged(t *testing.T) {
 func TestOperations(t *testing.T) {
 	w := newWorld(t)
 	ctx := context.Background()
-	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	healthAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", stacktest.FreePorts(t, 1))
+	healthAddr := fmt.Sprintf("127.0.0.1:%d", stacktest.FreePorts(t, 1))
 	p := start(t, t.TempDir(), "--kubeconfig", w.admin, "--nats-url", w.st.NATS.URL(),
 		"--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr,
 		"--retry-base-delay", "100ms", "--retry-max-delay", "1s", "--nats-reconnect-wait", "200ms", "--nats-ack-timeout", "1s")

@@ -28,7 +28,7 @@ import (
 func TestREADMECommands(t *testing.T) {
 	lines := readmeCommands(t)
 	dir := t.TempDir()
-	natsPort := freePort(t)
+	natsPort := stacktest.FreePorts(t, 1)
 	p := start(t, dir, "dev", "--dir", dir, "--nats-port", fmt.Sprint(natsPort), "--metrics-bind-address", "0", "--health-probe-bind-address", "0")
 	p.waitOutput(t, "stream ready", 90*time.Second)
 	kubeconfig := filepath.Join(dir, "kubeconfig")
