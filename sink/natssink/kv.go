@@ -347,7 +347,7 @@ func (s *KV) classify(op string, err error) error {
 		return fmt.Errorf("%w: %s: %w", sink.ErrClosed, op, err)
 	case !s.nc.IsConnected():
 		return fmt.Errorf("%w: %s: %w", sink.ErrNotConnected, op, err)
-	case errors.Is(err, jetstream.ErrNoStreamResponse), errors.Is(err, nats.ErrNoResponders), errors.Is(err, context.DeadlineExceeded):
+	case noAnswer(err):
 		// The bucket's stream exists (it was made or found at the start):
 		// its leader is out of reach.
 		return fmt.Errorf("%w: %s: the bucket's stream did not answer (its leader is out of reach: an election, or no quorum): %w", sink.ErrUnavailable, op, err)

@@ -233,10 +233,16 @@ func (p *Publisher) classifyAnswered(subject string, err error) (answered bool, 
 		return true, fmt.Errorf("%w: publish %s: %w", sink.ErrClosed, subject, err)
 	case !p.nc.IsConnected(), errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, nats.ErrConnectionReconnecting):
 		return true, fmt.Errorf("%w: publish %s: %w", sink.ErrNotConnected, subject, err)
-	case p.js != nil && (errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded)):
+	case p.js != nil && noAnswer(err):
 		return false, nil
 	}
 	return true, fmt.Errorf("publish %s: %w", subject, err)
+}
+
+// noAnswer reports whether err says a JetStream request got no answer at
+// all, or none within its timeout.
+func noAnswer(err error) bool {
+	return errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // noStreamAnswered tells the two reasons a publish gets no answer from a

@@ -275,7 +275,7 @@ func (s *StreamRecords) classify(op string, err error) error {
 			return fmt.Errorf("%w: %s: %w", sink.ErrUnavailable, op, err)
 		}
 	}
-	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) {
+	if noAnswer(err) {
 		// The stream was found or made at the start: its leader is out
 		// of reach (an election, or no quorum).
 		return fmt.Errorf("%w: record store: %s: stream %s did not answer: %w", sink.ErrUnavailable, op, s.stream, err)
