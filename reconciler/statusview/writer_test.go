@@ -31,6 +31,27 @@ func TestMain(m *testing.M) {
 	os.Exit(stacktest.RunTests(m, stack.Options{}, func(s *stack.Stack) { st = s }))
 }
 
+// start runs w until the test ends.
+func start(t *testing.T, w *statusview.Writer) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("the status writer: %v", err)
+		}
+	})
+}
+
+// notPublished is a view of every Student as not published, for reason.
+func notPublished(reason, message string) func(*studentv1.Student) studentv1.StudentStatus {
+	return func(s *studentv1.Student) studentv1.StudentStatus {
+		return studentv1.StudentStatus{Conditions: []metav1.Condition{{Type: studentv1.ConditionPublished, Status: metav1.ConditionFalse,
+			Reason: reason, Message: message, LastTransitionTime: metav1.Now(), ObservedGeneration: s.Generation}}}
+	}
+}
+
 // statusStage returns how many status writes the status stage observed,
 // and their total seconds.
 func statusStage(t *testing.T) (uint64, float64) {
@@ -73,25 +94,13 @@ func TestStatusStageFromAsked(t *testing.T) {
 		Spec: studentv1.StudentSpec{Name: "waits", School: "china"}}); err != nil {
 		t.Fatal(err)
 	}
-	view := func(s *studentv1.Student) studentv1.StudentStatus {
-		return studentv1.StudentStatus{Conditions: []metav1.Condition{{Type: studentv1.ConditionPublished, Status: metav1.ConditionFalse,
-			Reason: "Pending", Message: "asked for by the test", LastTransitionTime: metav1.Now(), ObservedGeneration: s.Generation}}}
-	}
-	w := statusview.NewWriter(st.Client, view, 100, nil, logr.Discard())
+	w := statusview.NewWriter(st.Client, notPublished("Pending", "asked for by the test"), 100, nil, logr.Discard())
 	count, sum := statusStage(t)
 
 	const behind = 500 * time.Millisecond
 	w.Enqueue(types.NamespacedName{Namespace: ns, Name: "waits"})
 	time.Sleep(behind)
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Start(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("the status writer: %v", err)
-		}
-	}()
+	start(t, w)
 	stacktest.WaitFor(t, "the status written", func() error {
 		var got studentv1.Student
 		if err := st.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "waits"}, &got); err != nil {
@@ -146,24 +155,12 @@ func TestFailingViewsKeepTheBudget(t *testing.T) {
 			return err
 		},
 	})
-	view := func(s *studentv1.Student) studentv1.StudentStatus {
-		return studentv1.StudentStatus{Conditions: []metav1.Condition{{Type: studentv1.ConditionPublished, Status: metav1.ConditionFalse,
-			Reason: "PublishFailed", Message: "NATS is down", LastTransitionTime: metav1.Now(), ObservedGeneration: s.Generation}}}
-	}
 	busy := func() bool { return true } // changes always wait: a failing view writes anyway
-	w := statusview.NewWriter(c, view, qps, busy, logr.Discard())
+	w := statusview.NewWriter(c, notPublished("PublishFailed", "NATS is down"), qps, busy, logr.Discard())
 	for _, k := range keys {
 		w.Enqueue(k)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Start(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("the status writer: %v", err)
-		}
-	}()
+	start(t, w)
 	stacktest.WaitFor(t, "every failing status written", func() error {
 		mu.Lock()
 		defer mu.Unlock()
