@@ -38,14 +38,7 @@ func TestShardBacklog(t *testing.T) {
 	stacktest.WaitFor(t, "every shard held, nothing unpublished", func() error { return backlogIs(none) })
 
 	// The stream is full and refuses new events.
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := js.Stream(ctx, cfg.NATS.Stream.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, stream := openStream(t, nc, cfg.NATS.Stream.Name)
 	open := stream.CachedInfo().Config
 	full := open
 	full.MaxMsgs, full.Discard = n, jetstream.DiscardNew

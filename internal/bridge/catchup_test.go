@@ -45,11 +45,7 @@ func TestCatchUpUnderLoad(t *testing.T) {
 	cfg.NATS.URLs = "nats://" + link.Addr()
 
 	const quiet, busy = 300, 30
-	for i := range quiet + busy {
-		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%d", i), "wang", "china")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createStudents(t, ns, "s%d", quiet+busy)
 	stop := startBridge(t, cfg)
 	waitStream(t, natsConn(t), cfg.NATS.Stream.Name, quiet+busy)
 	stop()
@@ -154,11 +150,7 @@ func TestRestartReconcilesOnlyWhatChanged(t *testing.T) {
 	ns := newNamespace(t)
 	cfg := testConfig(t, ns, "unchanged")
 	const n = 20
-	for i := range n {
-		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%d", i), "wang", "china")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createStudents(t, ns, "s%d", n)
 	stop := startBridge(t, cfg)
 	nc := natsConn(t)
 	waitStream(t, nc, cfg.NATS.Stream.Name, n)

@@ -164,11 +164,7 @@ func testClusterFault(t *testing.T, f clusterFault) {
 	cfg.NATS.AckTimeout = 300 * time.Millisecond // publishes during an election fail and are retried
 	startBridge(t, cfg)
 
-	for i := range 20 {
-		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%02d", i), "wang", "china")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createStudents(t, ns, "s%02d", 20)
 	waitStream(t, nc, cfg.NATS.Stream.Name, 20)
 	fault := &faulted{c: cluster, stream: cfg.NATS.Stream.Name, bridge: cfg.NATS.Name, connected: connectedTo(cluster, cfg.NATS.Name)}
 	for _, s := range cluster.Servers {

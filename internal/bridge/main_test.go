@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.uber.org/zap/zapcore"
 	eventsv1 "k8s.io/api/events/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -62,6 +63,31 @@ func newStudent(ns, name, student, school string) *studentv1.Student {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec:       studentv1.StudentSpec{Name: student, School: school},
 	}
+}
+
+// createStudents creates n Students in ns, named by format from their
+// index (s%d: s0, s1, ...), all "wang" of "china".
+func createStudents(t *testing.T, ns, format string, n int) {
+	t.Helper()
+	for i := range n {
+		if err := st.Client.Create(context.Background(), newStudent(ns, fmt.Sprintf(format, i), "wang", "china")); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// openStream returns JetStream on nc and its stream name.
+func openStream(t *testing.T, nc *nats.Conn, name string) (jetstream.JetStream, jetstream.Stream) {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, stream
 }
 
 // waitStream waits until the stream holds want events and returns them; it

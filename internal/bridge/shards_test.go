@@ -134,11 +134,7 @@ func TestStatusOnlyByTheHolder(t *testing.T) {
 	})
 
 	const n = 8
-	for i := range n {
-		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%d", i), "wang", "china")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createStudents(t, ns, "s%d", n)
 	published := map[string]*studentv1.Student{}
 	stacktest.WaitFor(t, "every Student published", func() error {
 		for i := range n {
@@ -309,7 +305,6 @@ func TestBudgetsAreTheWholeBridges(t *testing.T) {
 // Students, and counts what two replicas write in 3 s: counter's series
 // of result.
 func testBudget(t *testing.T, counter, result string, budget func(*config.Config) *float64) {
-	ctx := context.Background()
 	ns := newNamespace(t)
 	cfg := shardedConfig(t, ns, "budget")
 	qps := budget(cfg)
@@ -319,11 +314,7 @@ func testBudget(t *testing.T, counter, result string, budget func(*config.Config
 	startBridge(t, &b)
 	waitTwoShardsEach(t, ns)
 	const n = 80
-	for i := range n {
-		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%02d", i), "wang", "china")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createStudents(t, ns, "s%02d", n)
 	waitStream(t, natsConn(t), cfg.NATS.Stream.Name, n) // 80 writes waiting, most not made yet
 	written := func() float64 {
 		v, err := stacktest.Counter(counter, "result", result)
@@ -348,7 +339,6 @@ func testBudget(t *testing.T, counter, result string, budget func(*config.Config
 // Student is reconciled by the replica that holds its shard only; the
 // other keeps it in its cache and drops it before its work queue.
 func TestOtherShardsChangesAreNotReconciled(t *testing.T) {
-	ctx := context.Background()
 	ns := newNamespace(t)
 	cfg := shardedConfig(t, ns, "notours")
 	a, b := *cfg, *cfg
@@ -358,11 +348,7 @@ func TestOtherShardsChangesAreNotReconciled(t *testing.T) {
 	time.Sleep(time.Second) // the gained shards' (empty) catch-up is done
 	before := reconciles(t)
 	const n = 20
-	for i := range n {
-		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%02d", i), "wang", "china")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createStudents(t, ns, "s%02d", n)
 	waitStream(t, natsConn(t), cfg.NATS.Stream.Name, n)
 	time.Sleep(time.Second)
 	// One reconcile per created Student by its holder (a retry may add

@@ -3,7 +3,6 @@ package bridge_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -139,7 +138,6 @@ func TestSnapshotsWithLeaderElection(t *testing.T) {
 // snapshot.minInterval has not passed since it ended. After that, a
 // request makes a new one.
 func TestSnapshotFloodIsCoalesced(t *testing.T) {
-	ctx := context.Background()
 	ns := newNamespace(t)
 	cfg := testConfig(t, ns, "flood")
 	cfg.Snapshot.RequestSubject = "flood-bridge.snapshot"
@@ -147,11 +145,7 @@ func TestSnapshotFloodIsCoalesced(t *testing.T) {
 	startBridge(t, cfg)
 	nc := natsConn(t)
 	const students = 20
-	for i := range students {
-		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%02d", i), "wang", "china")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createStudents(t, ns, "s%02d", students)
 	waitStream(t, nc, cfg.NATS.Stream.Name, students)
 	request := func(namespace string) studentv1.SnapshotReply {
 		body, _ := json.Marshal(studentv1.SnapshotRequest{Namespace: namespace})
@@ -240,11 +234,7 @@ func TestSnapshotNotReusedOnceItsFirstEventLeft(t *testing.T) {
 	startBridge(t, cfg)
 	nc := natsConn(t)
 	const students = 3
-	for i := range students {
-		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("s%d", i), "wang", "china")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createStudents(t, ns, "s%d", students)
 	waitStream(t, nc, cfg.NATS.Stream.Name, students)
 	request := func() studentv1.SnapshotReply {
 		t.Helper()
@@ -264,14 +254,7 @@ func TestSnapshotNotReusedOnceItsFirstEventLeft(t *testing.T) {
 		t.Fatalf("a request within the interval, every event held: %+v, want run %s again", again, first.Run)
 	}
 
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := js.Stream(ctx, cfg.NATS.Stream.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, stream := openStream(t, nc, cfg.NATS.Stream.Name)
 	// Everything up to the run's first event goes; its other events stay.
 	if err := stream.Purge(ctx, jetstream.WithPurgeSequence(first.FirstSequence+1)); err != nil {
 		t.Fatal(err)

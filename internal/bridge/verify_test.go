@@ -67,14 +67,7 @@ func TestVerifyFindsEachKindOfDrift(t *testing.T) {
 	})
 	stop()
 
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := js.Stream(ctx, cfg.NATS.Stream.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js, stream := openStream(t, nc, cfg.NATS.Stream.Name)
 	events, err := stacktest.StreamEvents(ctx, nc, cfg.NATS.Stream.Name)
 	if err != nil {
 		t.Fatal(err)
