@@ -55,7 +55,7 @@ TEST_FLAGS ?= -race -count=1 -timeout 30m
 # exceeded" on a busy machine, no input at fault (golang/go#75804).
 FUZZ_TIME ?= 5000x
 FUZZ_TARGETS := ./api/v1:FuzzParseReceipt ./api/v1:FuzzParseSnapshotRequest ./api/contract:FuzzParseRecord \
-	./sink/natssink:FuzzEventRoundTrip ./consumer:FuzzDecode ./sink/natssink:FuzzDecodeMsg ./internal/config:FuzzLoad
+	./internal/natssink:FuzzEventRoundTrip ./consumer:FuzzDecode ./internal/natssink:FuzzDecodeMsg ./internal/config:FuzzLoad
 
 # Every program this Makefile builds (the generators, `make build`'s
 # bridge, the benchmark, the programs the tests build, see stack.Build, and
@@ -104,7 +104,7 @@ control-plane: $(CONTROL_PLANE) ## Build kube-apiserver, etcd and kubectl into b
 # nothing built: the "nothing" tier of docs/development.md but the AsyncAPI
 # parser (internal/contractgen, which installs from npm), and the
 # benchmark's rendering.
-UNIT_PKGS := ./api/contract ./cmd/student-bridge ./internal/config ./internal/stages ./reconciler/queue ./reconciler/records
+UNIT_PKGS := ./api/contract ./cmd/student-bridge ./internal/config ./internal/stages ./internal/queue ./internal/records
 
 .PHONY: test-unit
 test-unit: ## Run the tests that start no server, in seconds: nothing is built for them.

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 
-	cejetstream "github.com/cloudevents/sdk-go/protocol/nats_jetstream/v2"
-	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -31,13 +29,9 @@ func (e *event) desired(seq uint64) *Desired {
 
 // decode reads a Student CloudEvent in either encoding of the NATS binding.
 func decode(msg jetstream.Msg) (*event, error) {
-	nm := &nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()}
-	ce, err := binding.ToEvent(context.Background(), cejetstream.NewMessage(nm))
+	ce, err := DecodeMsg(context.Background(), &nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()})
 	if err != nil {
 		return nil, err
-	}
-	if err := ce.Validate(); err != nil {
-		return nil, fmt.Errorf("not a valid CloudEvent: %w", err)
 	}
 	ev := &event{id: ce.ID(), typ: ce.Type(), cluster: studentv1.ClusterOfSource(ce.Source())}
 	ev.number, _ = studentv1.ParseSequence(ce.Extensions()[studentv1.ExtensionSequence])

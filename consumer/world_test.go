@@ -24,9 +24,9 @@ import (
 	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/natssink"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
-	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // server is the embedded NATS server (JetStream) the package's tests share.
@@ -48,7 +48,7 @@ func TestMain(m *testing.M) {
 // world plays what a bridge publishes about one namespace of Students,
 // by the contract alone: each change is an event made by api/contract
 // (its id, sequence and previous id), published by the bridge's own
-// publisher (sink/natssink) to a stream of the world's own, and recorded
+// publisher (internal/natssink) to a stream of the world's own, and recorded
 // in a record store; snapshot requests are answered with snapshot events
 // and a reply as docs/contract.md describes them. The world's Students are
 // the desired state a service must end with.

@@ -23,9 +23,9 @@ import (
 	studentconsumer "github.com/student-bridge/student-bridge/consumer"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/fleet"
+	"github.com/student-bridge/student-bridge/internal/natssink"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
-	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // TestFleetChartValues: a hub from deploy/helm/fleet/hub-values.yaml and

@@ -10,10 +10,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/natssink"
+	"github.com/student-bridge/student-bridge/internal/records"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
-	"github.com/student-bridge/student-bridge/reconciler/records"
 	"github.com/student-bridge/student-bridge/sink"
-	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // TestCrashBeforeTheRecordRepublishes: the one way a consumer gets an

@@ -13,12 +13,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/natssink"
+	"github.com/student-bridge/student-bridge/internal/records"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/verify"
 	"github.com/student-bridge/student-bridge/reconciler"
-	"github.com/student-bridge/student-bridge/reconciler/records"
 	"github.com/student-bridge/student-bridge/sink"
-	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // TestPausedOwnerIsFencedBeforeItsEventGoesOut: a replica that is paused

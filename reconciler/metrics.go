@@ -11,9 +11,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/records"
 	"github.com/student-bridge/student-bridge/internal/stages"
-	"github.com/student-bridge/student-bridge/reconciler/records"
-	"github.com/student-bridge/student-bridge/reconciler/statusview"
+	"github.com/student-bridge/student-bridge/internal/statusview"
 	"github.com/student-bridge/student-bridge/sink"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/reconciler/records"
+	"github.com/student-bridge/student-bridge/internal/records"
 	"github.com/student-bridge/student-bridge/sink"
 )
 

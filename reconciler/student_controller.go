@@ -2,6 +2,9 @@
 // Events. It depends on the sink interfaces only, never on a broker: what is
 // published goes to a sink.Sink, what was published is remembered in a
 // sink.Store (Records).
+//
+// It is the bridge's implementation, not part of the module's public API
+// (api/v1, api/contract and consumer): it may change in any release.
 package reconciler
 
 import (
@@ -38,10 +41,10 @@ import (
 
 	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/queue"
+	"github.com/student-bridge/student-bridge/internal/records"
 	"github.com/student-bridge/student-bridge/internal/stages"
-	"github.com/student-bridge/student-bridge/reconciler/queue"
-	"github.com/student-bridge/student-bridge/reconciler/records"
-	"github.com/student-bridge/student-bridge/reconciler/statusview"
+	"github.com/student-bridge/student-bridge/internal/statusview"
 	"github.com/student-bridge/student-bridge/sink"
 )
 

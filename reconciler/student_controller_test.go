@@ -21,12 +21,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/records"
+	"github.com/student-bridge/student-bridge/internal/sinktest"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/reconciler"
-	"github.com/student-bridge/student-bridge/reconciler/records"
 	"github.com/student-bridge/student-bridge/sink"
-	"github.com/student-bridge/student-bridge/sink/sinktest"
 )
 
 // These tests drive Reconcile directly, one call at a time, against a real

@@ -4,7 +4,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/reconciler/statusview"
+	"github.com/student-bridge/student-bridge/internal/statusview"
 )
 
 // View is the status stu should show now (the status writer's view

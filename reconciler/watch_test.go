@@ -13,9 +13,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/reconciler/records"
-	"github.com/student-bridge/student-bridge/reconciler/statusview"
-	"github.com/student-bridge/student-bridge/sink/sinktest"
+	"github.com/student-bridge/student-bridge/internal/records"
+	"github.com/student-bridge/student-bridge/internal/sinktest"
+	"github.com/student-bridge/student-bridge/internal/statusview"
 )
 
 // owner is a ShardOwner that owns the Students of namespace "mine".

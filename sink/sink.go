@@ -1,6 +1,9 @@
 // Package sink defines where the bridge sends CloudEvents (Sink) and where it
 // remembers what it published (Store). The reconciler depends on these
-// interfaces only; the NATS implementations (sink/natssink) are wired by cmd.
+// interfaces only; the NATS implementations (internal/natssink) are wired by cmd.
+//
+// It is the bridge's implementation, not part of the module's public API
+// (api/v1, api/contract and consumer): it may change in any release.
 package sink
 
 import (

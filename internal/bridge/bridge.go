@@ -34,15 +34,15 @@ import (
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/kubeevents"
 	"github.com/student-bridge/student-bridge/internal/natsconn"
+	"github.com/student-bridge/student-bridge/internal/natssink"
+	"github.com/student-bridge/student-bridge/internal/records"
 	"github.com/student-bridge/student-bridge/internal/scheme"
 	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/internal/stages"
+	"github.com/student-bridge/student-bridge/internal/statusview"
 	"github.com/student-bridge/student-bridge/internal/tracing"
 	"github.com/student-bridge/student-bridge/internal/version"
 	"github.com/student-bridge/student-bridge/reconciler"
-	"github.com/student-bridge/student-bridge/reconciler/records"
-	"github.com/student-bridge/student-bridge/reconciler/statusview"
-	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // moveAfterAckTimeouts is how many ack timeouts of failures in a row on a

@@ -14,9 +14,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/natssink"
 	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink"
-	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // setupTimeout bounds looking up (or creating) a stream or a bucket.

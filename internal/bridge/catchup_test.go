@@ -16,10 +16,10 @@ import (
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/queue"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/reconciler"
-	"github.com/student-bridge/student-bridge/reconciler/queue"
 )
 
 // TestCatchUpUnderLoad: a restart's catch-up (the watch's initial list,

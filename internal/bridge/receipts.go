@@ -13,10 +13,10 @@ import (
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/fleet"
+	"github.com/student-bridge/student-bridge/internal/natssink"
+	"github.com/student-bridge/student-bridge/internal/statusview"
 	"github.com/student-bridge/student-bridge/reconciler"
-	"github.com/student-bridge/student-bridge/reconciler/statusview"
 	"github.com/student-bridge/student-bridge/sink"
-	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // receiptWatch follows the receipts bucket while this replica leads: every

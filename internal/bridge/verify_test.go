@@ -16,9 +16,9 @@ import (
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/bridgetest"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/natssink"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/verify"
-	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // verifySource is what `student-bridge verify` reads for cfg.

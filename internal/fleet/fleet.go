@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/sink/natssink"
+	"github.com/student-bridge/student-bridge/internal/natssink"
 )
 
 // Hub configures EnsureHub.

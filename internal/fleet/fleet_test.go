@@ -11,9 +11,9 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/fleet"
+	"github.com/student-bridge/student-bridge/internal/natssink"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
-	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // cluster is one cluster's NATS of the fleet, with what its bridge would

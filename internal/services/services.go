@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/sink/natssink"
+	"github.com/student-bridge/student-bridge/internal/natssink"
 )
 
 // Options say where to look.

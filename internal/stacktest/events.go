@@ -8,13 +8,14 @@ import (
 	"sync"
 	"time"
 
+	cejetstream "github.com/cloudevents/sdk-go/protocol/nats_jetstream/v2"
 	cloudevents "github.com/cloudevents/sdk-go/v2"
+	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/sink/natssink"
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 )
 
@@ -30,9 +31,12 @@ type Received struct {
 // Decode turns a NATS message into a Received with sdk-go, whichever binding
 // mode it uses, and checks the event against the contract (CheckContract).
 func Decode(msg *nats.Msg) (Received, error) {
-	ev, err := natssink.DecodeMsg(context.Background(), msg)
+	ev, err := binding.ToEvent(context.Background(), cejetstream.NewMessage(msg))
 	if err != nil {
 		return Received{}, err
+	}
+	if err := ev.Validate(); err != nil {
+		return Received{}, fmt.Errorf("not a valid CloudEvent: %w", err)
 	}
 	r := Received{Subject: msg.Subject, Header: msg.Header, Event: *ev}
 	if err := json.Unmarshal(ev.Data(), &r.Data); err != nil {

@@ -20,7 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/sink/natssink"
+	"github.com/student-bridge/student-bridge/consumer"
 )
 
 // Deliver policies: where in the stream reading starts.
@@ -56,7 +56,7 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) error {
 	if err != nil {
 		return err
 	}
-	cons, err := consumer(ctx, js, o)
+	cons, err := openConsumer(ctx, js, o)
 	if err != nil {
 		return err
 	}
@@ -119,7 +119,7 @@ func (s *session) next(ctx context.Context) (*held, error) {
 	if s.pending > 0 {
 		s.pending = meta.NumPending
 	}
-	ev, decodeErr := natssink.DecodeMsg(ctx, &nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()})
+	ev, decodeErr := consumer.DecodeMsg(ctx, &nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()})
 	return &held{seq: meta.Sequence.Stream, msg: msg, ev: ev, err: decodeErr}, nil
 }
 
@@ -312,7 +312,7 @@ func ack(o Options, msg jetstream.Msg) error {
 	return nil
 }
 
-func consumer(ctx context.Context, js jetstream.JetStream, o Options) (jetstream.Consumer, error) {
+func openConsumer(ctx context.Context, js jetstream.JetStream, o Options) (jetstream.Consumer, error) {
 	policy := jetstream.DeliverNewPolicy
 	var startSeq uint64
 	var startTime *time.Time

@@ -18,7 +18,8 @@ import (
 
 	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/sink/natssink"
+	"github.com/student-bridge/student-bridge/consumer"
+	"github.com/student-bridge/student-bridge/internal/natssink"
 )
 
 // Source says where the three sources are and what the bridge watches.
@@ -210,7 +211,7 @@ type decoded struct {
 var errNotStudent = errors.New("not a Student CloudEvent")
 
 func decode(msg jetstream.Msg) (decoded, error) {
-	ce, err := natssink.DecodeMsg(context.Background(), &nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()})
+	ce, err := consumer.DecodeMsg(context.Background(), &nats.Msg{Subject: msg.Subject(), Header: msg.Headers(), Data: msg.Data()})
 	if err != nil {
 		return decoded{}, err
 	}

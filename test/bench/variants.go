@@ -31,10 +31,10 @@ import (
 	"github.com/student-bridge/student-bridge/consumer"
 	"github.com/student-bridge/student-bridge/internal/bridge"
 	"github.com/student-bridge/student-bridge/internal/config"
+	"github.com/student-bridge/student-bridge/internal/natssink"
 	"github.com/student-bridge/student-bridge/internal/scheme"
 	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/internal/stack"
-	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // A variant is started before the generator runs and stopped after the
@@ -254,7 +254,7 @@ func subscribe(ctx context.Context, e *env, r *run) (func(), error) {
 	}
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		at := time.Now()
-		ev, err := natssink.DecodeMsg(ctx, &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
+		ev, err := consumer.DecodeMsg(ctx, &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
 		if err != nil {
 			return
 		}

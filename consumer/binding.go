@@ -1,38 +1,23 @@
-package natssink
+package consumer
 
 import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"net/textproto"
 	"strings"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
 	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/cloudevents/sdk-go/v2/binding/format"
 	"github.com/cloudevents/sdk-go/v2/binding/spec"
-	"github.com/cloudevents/sdk-go/v2/types"
 	"github.com/nats-io/nats.go"
 )
 
-// This file implements the CloudEvents NATS protocol binding on top of the
-// sdk-go binding package: structured mode puts the JSON event in the body with
-// Content-Type application/cloudevents+json; binary mode puts each attribute,
-// datacontenttype included (ce-datacontenttype, as the binding spec has said
-// since 1.0.3 and sdk-go's NATS bindings read it), in a ce-<name> header and
-// the data in the body. Decoding also accepts datacontenttype in a
-// Content-Type header, as older writers send it.
-
-// Encoding selects how an event is laid out in a NATS message.
-type Encoding string
-
-const (
-	// Structured puts the whole event as JSON in the message body (default).
-	Structured Encoding = "structured"
-	// Binary puts the attributes in ce-* headers, the data in the body.
-	Binary Encoding = "binary"
-)
+// This file reads the CloudEvents NATS protocol binding on top of the
+// sdk-go binding package, in both of its modes: structured (the JSON event
+// in the body, Content-Type application/cloudevents+json) and binary (each
+// attribute in a ce-<name> header, the data in the body). It also accepts
+// datacontenttype in a Content-Type header, as older writers send it.
 
 const (
 	headerContentType = "Content-Type"
@@ -41,27 +26,9 @@ const (
 
 var specs = spec.WithPrefix(headerPrefix)
 
-// EncodeMsg writes the event into a new NATS message on subject.
-func EncodeMsg(ctx context.Context, event cloudevents.Event, subject string, enc Encoding) (*nats.Msg, error) {
-	msg := nats.NewMsg(subject)
-	w := (*msgWriter)(msg)
-	switch enc {
-	case Binary:
-		ctx = binding.WithForceBinary(ctx)
-	case Structured, "":
-		ctx = binding.WithForceStructured(ctx)
-	default:
-		return nil, fmt.Errorf("unknown encoding %q", enc)
-	}
-	if _, err := binding.Write(ctx, binding.ToMessage(&event), w, w); err != nil {
-		return nil, fmt.Errorf("encode event %s: %w", event.ID(), err)
-	}
-	return msg, nil
-}
-
-// NewMessage wraps a received NATS message as an sdk-go binding.Message, in
+// newMessage wraps a received NATS message as an sdk-go binding.Message, in
 // either encoding; binding.ToEvent turns it into a cloudevents.Event.
-func NewMessage(msg *nats.Msg) binding.Message {
+func newMessage(msg *nats.Msg) binding.Message {
 	m := &message{msg: msg}
 	if f := format.Lookup(headerValue(msg.Header, headerContentType)); f != nil {
 		m.format = f
@@ -86,9 +53,12 @@ func headerValue(h nats.Header, key string) string {
 	return ""
 }
 
-// DecodeMsg decodes a received NATS message into a CloudEvent.
+// DecodeMsg decodes a NATS message the bridge published (either mode of the
+// CloudEvents NATS binding) into a CloudEvent, and checks that it is a
+// valid one. A JetStream message is decoded as
+// DecodeMsg(ctx, &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}).
 func DecodeMsg(ctx context.Context, msg *nats.Msg) (*cloudevents.Event, error) {
-	ev, err := binding.ToEvent(ctx, NewMessage(msg))
+	ev, err := binding.ToEvent(ctx, newMessage(msg))
 	if err != nil {
 		return nil, fmt.Errorf("decode message on %s: %w", msg.Subject, err)
 	}
@@ -99,57 +69,6 @@ func DecodeMsg(ctx context.Context, msg *nats.Msg) (*cloudevents.Event, error) {
 		return nil, fmt.Errorf("decode message on %s: not a valid CloudEvent: %w", msg.Subject, err)
 	}
 	return ev, nil
-}
-
-type msgWriter nats.Msg
-
-func (w *msgWriter) SetStructuredEvent(_ context.Context, f format.Format, event io.Reader) error {
-	w.Header.Set(headerContentType, f.MediaType())
-	return w.setBody(event)
-}
-
-func (w *msgWriter) Start(context.Context) error { return nil }
-func (w *msgWriter) End(context.Context) error   { return nil }
-
-func (w *msgWriter) SetData(data io.Reader) error { return w.setBody(data) }
-
-func (w *msgWriter) SetAttribute(attr spec.Attribute, value any) error {
-	if value == nil {
-		return nil
-	}
-	return w.setHeader(attr.Name(), value)
-}
-
-func (w *msgWriter) SetExtension(name string, value any) error {
-	if value == nil {
-		return nil
-	}
-	return w.setHeader(name, value)
-}
-
-// setHeader writes one attribute as its ce- header. nats.go trims a header
-// value's surrounding white space and turns CR and LF into spaces when it
-// writes the message, so a value it would change is refused here: binary mode
-// carries an event unchanged or not at all (structured mode carries any).
-func (w *msgWriter) setHeader(name string, value any) error {
-	s, err := types.Format(value)
-	if err != nil {
-		return err
-	}
-	if s != textproto.TrimString(s) || strings.ContainsAny(s, "\r\n") {
-		return fmt.Errorf("attribute %s (%q) cannot travel in a NATS header unchanged; use structured mode", name, s)
-	}
-	w.Header.Set(headerPrefix+name, s)
-	return nil
-}
-
-func (w *msgWriter) setBody(r io.Reader) error {
-	var buf bytes.Buffer
-	if _, err := buf.ReadFrom(r); err != nil {
-		return err
-	}
-	w.Data = buf.Bytes()
-	return nil
 }
 
 type message struct {

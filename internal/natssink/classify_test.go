@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/student-bridge/student-bridge/internal/natssink"
 	"github.com/student-bridge/student-bridge/sink"
-	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // TestClassify: each error JetStream answers a publish or a record write

@@ -17,9 +17,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/student-bridge/student-bridge/consumer"
+	"github.com/student-bridge/student-bridge/internal/natssink"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/sink"
-	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 func testEvent(t *testing.T, typ, id string, data any) cloudevents.Event {
@@ -58,7 +59,7 @@ func TestEncodingRoundTrip(t *testing.T) {
 					t.Errorf("binary message: %v %s", msg.Header, msg.Data)
 				}
 			}
-			got, err := natssink.DecodeMsg(context.Background(), msg)
+			got, err := consumer.DecodeMsg(context.Background(), msg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -77,7 +78,7 @@ func TestEncodingRoundTrip(t *testing.T) {
 }
 
 func TestDecodeRejectsNonCloudEvents(t *testing.T) {
-	_, err := natssink.DecodeMsg(context.Background(), &nats.Msg{Subject: "x", Data: []byte("hello")})
+	_, err := consumer.DecodeMsg(context.Background(), &nats.Msg{Subject: "x", Data: []byte("hello")})
 	if err == nil {
 		t.Fatal("decoded a plain message")
 	}
@@ -87,7 +88,7 @@ func TestDecodeCanonicalizedHeaders(t *testing.T) {
 	msg := &nats.Msg{Subject: "x", Header: nats.Header{
 		"Ce-Specversion": {"1.0"}, "Ce-Id": {"a"}, "Ce-Type": {"t"}, "Ce-Source": {"/s"}, "Content-Type": {"application/json"},
 	}, Data: []byte(`{}`)}
-	ev, err := natssink.DecodeMsg(context.Background(), msg)
+	ev, err := consumer.DecodeMsg(context.Background(), msg)
 	if err != nil {
 		t.Fatal(err)
 	}

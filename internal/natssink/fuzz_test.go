@@ -13,7 +13,8 @@ import (
 
 	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/sink/natssink"
+	"github.com/student-bridge/student-bridge/consumer"
+	"github.com/student-bridge/student-bridge/internal/natssink"
 )
 
 // FuzzDecodeMsg: whatever is published on a Student subject, in either
@@ -36,7 +37,7 @@ func FuzzDecodeMsg(f *testing.F) {
 			}
 		}
 		ctx := context.Background()
-		ev, err := natssink.DecodeMsg(ctx, &nats.Msg{Subject: "student.updated", Header: h, Data: data})
+		ev, err := consumer.DecodeMsg(ctx, &nats.Msg{Subject: "student.updated", Header: h, Data: data})
 		if err != nil {
 			return
 		}
@@ -48,7 +49,7 @@ func FuzzDecodeMsg(f *testing.F) {
 			if err != nil {
 				continue // not every accepted event has a form in both encodings
 			}
-			got, err := natssink.DecodeMsg(ctx, msg)
+			got, err := consumer.DecodeMsg(ctx, msg)
 			if err != nil {
 				t.Fatalf("%s: an event encoded from an accepted one does not decode: %v\n%s", enc, err, ev)
 			}
@@ -87,7 +88,7 @@ func FuzzEventRoundTrip(f *testing.F) {
 				if err != nil {
 					t.Fatalf("encode %s: %v", enc, err)
 				}
-				got, err := natssink.DecodeMsg(context.Background(), msg)
+				got, err := consumer.DecodeMsg(context.Background(), msg)
 				if err != nil {
 					t.Fatalf("decode %s: %v", enc, err)
 				}

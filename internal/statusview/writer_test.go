@@ -20,7 +20,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/stages"
-	"github.com/student-bridge/student-bridge/reconciler/statusview"
+	"github.com/student-bridge/student-bridge/internal/statusview"
 )
 
 var st *stack.Stack

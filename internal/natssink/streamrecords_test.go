@@ -13,10 +13,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/student-bridge/student-bridge/internal/natssink"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/sink"
-	"github.com/student-bridge/student-bridge/sink/natssink"
 )
 
 // TestStreamRecordsCommitEventAndRecordTogether: records kept in the

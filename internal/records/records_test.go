@@ -15,9 +15,9 @@ import (
 	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
-	"github.com/student-bridge/student-bridge/reconciler/records"
+	"github.com/student-bridge/student-bridge/internal/records"
+	"github.com/student-bridge/student-bridge/internal/sinktest"
 	"github.com/student-bridge/student-bridge/sink"
-	"github.com/student-bridge/student-bridge/sink/sinktest"
 )
 
 // loaded is a Set loaded from store, as a bridge's at its start.
