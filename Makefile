@@ -28,6 +28,7 @@ HELM           := $(BIN)/helm
 PROMTOOL       := $(BIN)/promtool
 PROMETHEUS     := $(BIN)/prometheus
 GOLANGCI_LINT  := $(BIN)/golangci-lint
+APIDIFF        := $(BIN)/apidiff
 CHART          := deploy/helm/student-bridge
 comma          := ,
 
@@ -224,7 +225,7 @@ test-beside:
 # the generated files: a single go build leaves a core idle while it
 # downloads modules or links.
 .PHONY: test-deps
-test-deps: image $(CRANE) $(TEST_DEPS) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(NODE_DEPS)
+test-deps: image $(CRANE) $(TEST_DEPS) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(APIDIFF) $(NODE_DEPS)
 
 # The compatibility tier: the tests of what a Kubernetes version can break,
 # run against the kube-apiserver of each supported version (hack/compat).
@@ -304,7 +305,7 @@ bench: $(TEST_DEPS) ## Run the end-to-end benchmark (hours with the defaults: na
 ##@ Tools (built from the Go module proxy into bin/, once)
 
 .PHONY: tools
-tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(CRANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(GOLANGCI_LINT) $(NODE) ## Build controller-gen, kube-apiserver, etcd, kubectl, helm, promtool, prometheus, golangci-lint and the test node's parts.
+tools: $(CONTROLLER_GEN) $(CONTROL_PLANE) $(CRANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(APIDIFF) $(GOLANGCI_LINT) $(NODE) ## Build controller-gen, kube-apiserver, etcd, kubectl, helm, promtool, prometheus, apidiff, golangci-lint and the test node's parts.
 
 $(CONTROLLER_GEN): $(TOOLS)/go.mod
 	cd $(TOOLS) && GOBIN=$(BIN) $(HOST_GO) install $(HOST_FLAGS) $(TOOL_LDFLAGS) $(CONTROLLER_GEN_PKG)
@@ -312,26 +313,28 @@ $(CONTROLLER_GEN): $(TOOLS)/go.mod
 # hack/tools is one module for every tool that uses Kubernetes' client
 # libraries: kube-apiserver, etcd and kubectl, the test node's kubelet,
 # scheduler, controller-manager and kube-proxy, CoreDNS, helm, promtool and
-# prometheus (and controller-gen). In one module k8s.io/api, client-go and
+# prometheus (and controller-gen), and apidiff, the public Go API's gate,
+# which shares their golang.org/x/tools. In one module k8s.io/api, client-go and
 # the rest resolve to one version and compile once for all of them; and
 # when this make builds several of them (make test, tools, node), one go
 # build makes them together. `make run` builds the three it runs, the
 # first time in several minutes. remove_all_sd leaves out every cloud's
 # service discovery (and its SDK) from prometheus, whose tests scrape
 # static targets; no other tool has files under that tag.
-HACK_TOOLS    := $(CONTROL_PLANE) $(NODE_KUBE) $(COREDNS) $(HELM) $(PROMTOOL) $(PROMETHEUS)
+HACK_TOOLS    := $(CONTROL_PLANE) $(NODE_KUBE) $(COREDNS) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(APIDIFF)
 HACK_TOOL_PKG := kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver kubectl=k8s.io/kubernetes/cmd/kubectl etcd=./cmd/etcd \
 	kubelet=k8s.io/kubernetes/cmd/kubelet kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
 	kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager kube-proxy=k8s.io/kubernetes/cmd/kube-proxy \
 	coredns=./cmd/coredns helm=helm.sh/helm/v4/cmd/helm \
-	promtool=github.com/prometheus/prometheus/cmd/promtool prometheus=github.com/prometheus/prometheus/cmd/prometheus
+	promtool=github.com/prometheus/prometheus/cmd/promtool prometheus=github.com/prometheus/prometheus/cmd/prometheus \
+	apidiff=golang.org/x/exp/cmd/apidiff
 HACK_TOOL_TAGS := remove_all_sd
 hack_tool_pkgs = $(foreach t,$(notdir $(1)),$(patsubst $(t)=%,%,$(filter $(t)=%,$(HACK_TOOL_PKG))))
 HACK_TOOL_SRC := $(TOOLS)/go.mod $(wildcard $(TOOLS)/cmd/*/main.go)
 build_hack_tools = cd $(TOOLS) && $(HOST_GO) build $(HOST_FLAGS) -tags $(HACK_TOOL_TAGS) $(call kube_ldflags,$(call kube_version,$(TOOLS)/go.mod)) -o $(BIN)/ $(call hack_tool_pkgs,$(1)) && touch $(1)
 
 ifneq ($(filter test test-deps,$(MAKECMDGOALS)),)
-BUILT_TOGETHER := $(CONTROL_PLANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(if $(NODE_DEPS),$(NODE_KUBE) $(COREDNS))
+BUILT_TOGETHER := $(CONTROL_PLANE) $(HELM) $(PROMTOOL) $(PROMETHEUS) $(APIDIFF) $(if $(NODE_DEPS),$(NODE_KUBE) $(COREDNS))
 else ifneq ($(filter tools node,$(MAKECMDGOALS)),)
 BUILT_TOGETHER := $(HACK_TOOLS)
 else

@@ -5,6 +5,10 @@
 // reads to show, on each Student, which services are in sync.
 //
 // It depends on api/v1, nats.go and the CloudEvents SDK only.
+//
+// It is part of the module's public API, with api/v1 and api/contract:
+// what it exports stays compatible from one release to the next, and make
+// test compares it with the last release's (internal/publicapi).
 package consumer
 
 import (

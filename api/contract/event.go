@@ -5,6 +5,10 @@
 // (ParseRecord). The bridge, verify, tail and services written in Go use
 // it; docs/contract.md is the same contract in prose. The types and names
 // it builds from are api/v1's.
+//
+// It is part of the module's public API, with api/v1 and consumer:
+// what it exports stays compatible from one release to the next, and make
+// test compares it with the last release's (internal/publicapi).
 package contract
 
 import (

@@ -4,6 +4,10 @@
 // It imports apimachinery only, so consumers can use the types without
 // pulling in controller-runtime.
 //
+// It is part of the module's public API, with api/contract and consumer:
+// what it exports stays compatible from one release to the next, and make
+// test compares it with the last release's (internal/publicapi).
+//
 // +kubebuilder:object:generate=true
 // +groupName=example.k8s.io
 package v1

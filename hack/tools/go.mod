@@ -7,6 +7,7 @@ require (
 	github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring v0.95.2
 	github.com/prometheus/prometheus v0.316.0
 	go.etcd.io/etcd/server/v3 v3.7.0
+	golang.org/x/exp v0.0.0-20261014143641-f0251eb4aa3e
 	helm.sh/helm/v4 v4.3.1
 	k8s.io/kubernetes v1.37.2
 	sigs.k8s.io/controller-tools v0.23.0
@@ -338,7 +339,6 @@ require (
 	go.yaml.in/yaml/v2 v2.4.4 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
-	golang.org/x/exp v0.0.0-20261014143641-f0251eb4aa3e // indirect
 	golang.org/x/mod v0.42.0 // indirect
 	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/oauth2 v0.37.0 // indirect

@@ -5,7 +5,8 @@
 // test node's), helm, which the chart tests run, promtool and the
 // Prometheus server, which check and fire the alert rules, the Prometheus
 // Operator's API types, from which `make monitoring-crds` generates the
-// CRDs the chart tests install (hack/crds), and controller-gen. CoreDNS
+// CRDs the chart tests install (hack/crds), controller-gen, and apidiff,
+// which compares the public Go API with the last release's. CoreDNS
 // and etcd are commands of this module (cmd/). They share one module so
 // that the Kubernetes libraries they all use resolve to one version and
 // compile once.
@@ -15,6 +16,7 @@ import (
 	_ "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	_ "github.com/prometheus/prometheus/cmd/prometheus"
 	_ "github.com/prometheus/prometheus/cmd/promtool"
+	_ "golang.org/x/exp/cmd/apidiff"
 	_ "helm.sh/helm/v4/cmd/helm"
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
