@@ -126,7 +126,7 @@ func (c *catchUpTracker) Pending() int {
 // loaded. Changes made from then on are the ones a restart can publish
 // at once.
 func (r *StudentReconciler) workersStarted() {
-	r.Records.WhenLoaded(publishingSince.SetToCurrentTime)
+	r.records.WhenLoaded(publishingSince.SetToCurrentTime)
 }
 
 // HoldCatchUp keeps the start's catch-up open until release is called:
@@ -149,13 +149,13 @@ func (r *StudentReconciler) recordsForInitialList() bool {
 	r.listWait.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), initialListWait)
 		defer cancel()
-		_ = r.Records.Wait(ctx) // not loaded in time: Loaded says so
+		_ = r.records.Wait(ctx) // not loaded in time: Loaded says so
 	})
-	return r.Records.Loaded()
+	return r.records.Loaded()
 }
 
 // needsReconcile says whether a reconcile of s has anything to do beyond
 // its status: a change to publish, or the finalizer to put back.
 func (r *StudentReconciler) needsReconcile(s *studentv1.Student) bool {
-	return r.needsPublish(s) || r.HoldWithFinalizer && !controllerutil.ContainsFinalizer(s, studentv1.Finalizer)
+	return r.needsPublish(s) || r.holdWithFinalizer && !controllerutil.ContainsFinalizer(s, studentv1.Finalizer)
 }

@@ -67,17 +67,18 @@ func TestCrashBeforeTheRecordRepublishes(t *testing.T) {
 				t.Fatal(err)
 			}
 			acks := &ackHook{Sink: pub}
-			f.r.Sink = acks
+			f.deps.Sink = acks
 			inStream, err := natssink.NewStreamRecords(pub, cfg.Name, prefix, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			crashing := &stopsAfterCommit{StreamRecords: inStream}
 			restart := func() {
-				f.r.Records = records.New()
+				f.deps.Records = records.New()
+				f.build()
 				if !tc.oneWrite {
 					f.load()
-				} else if err := f.r.Records.Load(ctx, crashing); err != nil {
+				} else if err := f.deps.Records.Load(ctx, crashing); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -77,8 +77,12 @@ func TestPausedOwnerIsFencedBeforeItsEventGoesOut(t *testing.T) {
 			// bucket as a replica does when it gains a shard, writing
 			// and publishing through g.
 			replica := func(g *gate) *reconciler.StudentReconciler {
-				r := &reconciler.StudentReconciler{Client: st.Client, Sink: gatedSink{pub, g}, Records: records.New(), Recorder: nopRecorder{}, Cluster: "test"}
-				if err := r.Records.Load(ctx, gatedStore{kv, g}); err != nil {
+				recs := records.New()
+				if err := recs.Load(ctx, gatedStore{kv, g}); err != nil {
+					t.Fatal(err)
+				}
+				r, err := reconciler.New(reconciler.Deps{Client: st.Client, Sink: gatedSink{pub, g}, Records: recs}, reconciler.Options{Recorder: nopRecorder{}, Cluster: "test"})
+				if err != nil {
 					t.Fatal(err)
 				}
 				return r

@@ -75,18 +75,18 @@ func (c *servicesCollector) Collect(ch chan<- prometheus.Metric) {
 // for (its shards') that are published and not deleted.
 func (r *StudentReconciler) serviceCounts() map[string]map[string]int {
 	out := map[string]map[string]int{}
-	if r.Receipts == nil || r.Receipts.None() {
+	if r.receipts.None() {
 		return out // and no copy of every record at each scrape
 	}
-	for _, rec := range r.Records.All() {
+	for _, rec := range r.records.All() {
 		if rec.Pending || rec.Published.Type == studentv1.EventTypeDeleted {
 			continue
 		}
-		if r.Shards != nil && !r.Shards.Owns(types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}) {
+		if !r.shards.Owns(types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}) {
 			continue
 		}
 		var s studentv1.StudentStatus
-		r.Receipts.ApplyTo(&s, string(rec.UID), &rec.Published)
+		r.receipts.ApplyTo(&s, string(rec.UID), &rec.Published)
 		for _, svc := range s.Services {
 			if out[svc.Name] == nil {
 				out[svc.Name] = map[string]int{}

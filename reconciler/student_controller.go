@@ -24,6 +24,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
@@ -52,52 +53,81 @@ import (
 // its leader-election lock.
 const ControllerName = "student-bridge"
 
-// StudentReconciler publishes every change of a Student to a Sink, remembers
-// it in Records and records it as a Kubernetes Event. It never reads the
-// Student's status to decide anything.
-type StudentReconciler struct {
+// Deps are what a StudentReconciler cannot work without.
+type Deps struct {
 	// Client reads Students from the cache and writes finalizers.
 	Client client.Client
 	// APIReader reads Students from the API server when the cache cannot
 	// answer: a conflict on a finalizer write, a Student that left the
-	// watched scope. Client when nil.
+	// watched scope. Default: Client.
 	APIReader client.Reader
 	// Sink receives the CloudEvents.
 	Sink sink.Sink
 	// Records is what was published; reconciles wait until it is loaded.
 	Records *records.Set
+}
+
+// Options are what a StudentReconciler may be given. Each is optional: its
+// zero value is the default New says.
+type Options struct {
+	// Cluster names the cluster in the CloudEvent source.
+	Cluster string
 	// HoldWithFinalizer keeps a deleted Student until its deleted event is
 	// acknowledged (the exact final state). Without it the bridge writes
 	// nothing to Students, and a delete carries the watch's final state (or
 	// the last published state, for a delete that happened while the bridge
 	// was down).
 	HoldWithFinalizer bool
-	// Recorder records Kubernetes Events on Students.
+	// Recorder records Kubernetes Events on Students. Default: none are
+	// recorded.
 	Recorder events.EventRecorder
-	// Status writes the status view; nil writes none.
+	// Status writes the status view. Default: none is written (a nil
+	// *statusview.Writer writes nothing).
 	Status *statusview.Writer
-	// Receipts is what services reported; nil when receipts are off.
+	// Receipts is what services reported. Default: receipts are off (a nil
+	// *statusview.Receipts has none).
 	Receipts *statusview.Receipts
-	// Shards, when not nil, says which Students this replica publishes
-	// for (active-active replicas); nil publishes for every Student.
+	// Shards says which Students this replica publishes for
+	// (active-active replicas). Default: every Student, and no check
+	// that only a sharded bridge needs (staleFirst).
 	Shards ShardOwner
 	// InScope says whether a Student is in the watched scope (its namespace
-	// is watched and the label selector matches it); nil: every Student
-	// is. A Student the cache does not have, but the API server does, left
-	// the scope only if it is out of it: otherwise the cache is behind (it
-	// relists after a watch that expired, or starts late on a gained
-	// shard).
+	// is watched and the label selector matches it; Scope makes it).
+	// Default: every Student is. A Student the cache does not have, but
+	// the API server does, left the scope only if it is out of it:
+	// otherwise the cache is behind (it relists after a watch that
+	// expired, or starts late on a gained shard).
 	InScope func(*studentv1.Student) bool
 	// Namespaces are the namespaces the cache watches; empty: all.
 	Namespaces []string
-	// Cluster names the cluster in the CloudEvent source.
-	Cluster string
-	// Now returns the current time; time.Now when nil.
+	// Now returns the current time. Default: time.Now.
 	Now func() time.Time
 	// Timeout bounds one reconcile. A reconcile is not cancelled when the
 	// bridge shuts down, so a publish that reached the broker also gets its
-	// record written; Timeout keeps shutdown bounded. Default 1m.
+	// record written; Timeout keeps shutdown bounded. Default: 1m.
 	Timeout time.Duration
+}
+
+// StudentReconciler publishes every change of a Student to a Sink, remembers
+// it in Records and records it as a Kubernetes Event. It never reads the
+// Student's status to decide anything. New makes one; nothing of it changes
+// after that.
+type StudentReconciler struct {
+	client            client.Client
+	apiReader         client.Reader
+	sink              sink.Sink
+	records           *records.Set
+	cluster           string
+	holdWithFinalizer bool
+	recorder          events.EventRecorder
+	status            *statusview.Writer
+	receipts          *statusview.Receipts
+	shards            ShardOwner
+	sharded           bool // Options.Shards was given
+	inScope           func(*studentv1.Student) bool
+	namespaces        []string
+	now               func() time.Time
+	timeout           time.Duration
 
 	// gone holds the last state the watch showed of deleted Students, for
 	// their deleted event when no finalizer held them.
@@ -117,6 +147,57 @@ type StudentReconciler struct {
 
 	inFlight atomic.Int32 // reconciles running now
 }
+
+// New makes the Student reconciler from its dependencies and options, with
+// the defaults Options names for what they leave out.
+func New(d Deps, o Options) (*StudentReconciler, error) {
+	switch {
+	case d.Client == nil:
+		return nil, errors.New("reconciler: Deps.Client is required")
+	case d.Sink == nil:
+		return nil, errors.New("reconciler: Deps.Sink is required")
+	case d.Records == nil:
+		return nil, errors.New("reconciler: Deps.Records is required")
+	}
+	r := &StudentReconciler{
+		client: d.Client, apiReader: d.APIReader, sink: d.Sink, records: d.Records,
+		cluster: o.Cluster, holdWithFinalizer: o.HoldWithFinalizer, recorder: o.Recorder,
+		status: o.Status, receipts: o.Receipts, shards: o.Shards, sharded: o.Shards != nil,
+		inScope: o.InScope, namespaces: o.Namespaces, now: o.Now, timeout: o.Timeout,
+		toQueue: make(chan event.TypedGenericEvent[*studentv1.Student], toQueueSize),
+	}
+	if r.apiReader == nil {
+		r.apiReader = d.Client
+	}
+	if r.recorder == nil {
+		r.recorder = noEvents{}
+	}
+	if r.shards == nil {
+		r.shards = everyShard{}
+	}
+	if r.inScope == nil {
+		r.inScope = func(*studentv1.Student) bool { return true }
+	}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	if r.timeout <= 0 {
+		r.timeout = time.Minute
+	}
+	return r, nil
+}
+
+// noEvents is the recorder of a bridge that records no Kubernetes Events.
+type noEvents struct{}
+
+func (noEvents) Eventf(_, _ runtime.Object, _, _, _, _ string, _ ...any) {}
+
+// everyShard is the shard owner of a single bridge: every Student is its.
+type everyShard struct{}
+
+func (everyShard) Owns(types.NamespacedName) bool            { return true }
+func (everyShard) Begin(types.NamespacedName) (func(), bool) { return func() {}, true }
+func (everyShard) Lost(types.NamespacedName)                 {}
 
 // InFlight is how many reconciles are running now. When it reaches the
 // number of workers, changes are waiting: the bridge has a backlog.
@@ -139,29 +220,23 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 			r.catchUps.done(req.NamespacedName)
 		}
 	}()
-	if r.Shards != nil {
-		done, ok := r.Shards.Begin(req.NamespacedName)
-		if !ok {
-			return ctrl.Result{}, nil // another replica's; queued again when its shard comes here
-		}
-		defer done()
-		defer func() {
-			// Another replica wrote this Student's record: it holds the
-			// shard now, and this replica must stop publishing for it.
-			if errors.Is(err, sink.ErrConflict) {
-				r.Shards.Lost(req.NamespacedName)
-			}
-		}()
+	done, ok := r.shards.Begin(req.NamespacedName)
+	if !ok {
+		return ctrl.Result{}, nil // another replica's; queued again when its shard comes here
 	}
+	defer done()
+	defer func() {
+		// Another replica wrote this Student's record: it holds the
+		// shard now, and this replica must stop publishing for it.
+		if errors.Is(err, sink.ErrConflict) {
+			r.shards.Lost(req.NamespacedName)
+		}
+	}()
 	r.inFlight.Add(1)
 	defer r.inFlight.Add(-1)
-	timeout := r.Timeout
-	if timeout <= 0 {
-		timeout = time.Minute
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.timeout)
 	defer cancel()
-	if err := r.Records.Wait(ctx); err != nil {
+	if err := r.records.Wait(ctx); err != nil {
 		return ctrl.Result{}, err
 	}
 	if err := r.publishReserved(ctx, req.NamespacedName); err != nil {
@@ -169,7 +244,7 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	}
 
 	var stu studentv1.Student
-	if err := r.Client.Get(ctx, req.NamespacedName, &stu); err != nil {
+	if err := r.client.Get(ctx, req.NamespacedName, &stu); err != nil {
 		if apierrors.IsNotFound(err) {
 			return r.reconcileGone(ctx, req.NamespacedName)
 		}
@@ -184,7 +259,7 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	if !stu.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, r.reconcileDelete(ctx, &stu)
 	}
-	if r.HoldWithFinalizer && !controllerutil.ContainsFinalizer(&stu, studentv1.Finalizer) {
+	if r.holdWithFinalizer && !controllerutil.ContainsFinalizer(&stu, studentv1.Finalizer) {
 		if err := r.patchFinalizers(ctx, &stu, func(s *studentv1.Student) bool { return controllerutil.AddFinalizer(s, studentv1.Finalizer) }); err != nil {
 			return ctrl.Result{}, fmt.Errorf("add finalizer: %w", err)
 		}
@@ -196,7 +271,7 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 }
 
 func (r *StudentReconciler) reconcileNormal(ctx context.Context, stu *studentv1.Student) error {
-	rec, known := r.Records.Get(stu.UID)
+	rec, known := r.records.Get(stu.UID)
 	last := lastPublished(rec, known)
 	if !known {
 		if behind, err := r.staleFirst(ctx, stu); err != nil || behind {
@@ -207,14 +282,14 @@ func (r *StudentReconciler) reconcileNormal(ctx context.Context, stu *studentv1.
 		if err := r.publish(ctx, stu, typ, last); err != nil {
 			return err
 		}
-	} else if r.Records.Unsaved() > 0 {
+	} else if r.records.Unsaved() > 0 {
 		// Nothing new, but records wait for the store: until it takes
 		// them a restart would publish them again, so keep retrying.
-		if err := r.Records.Flush(ctx); err != nil {
-			return r.failed(client.ObjectKeyFromObject(stu), fmt.Errorf("the record store holds back %d record(s): %w", r.Records.Unsaved(), err))
+		if err := r.records.Flush(ctx); err != nil {
+			return r.failed(client.ObjectKeyFromObject(stu), fmt.Errorf("the record store holds back %d record(s): %w", r.records.Unsaved(), err))
 		}
 	}
-	r.Status.Enqueue(client.ObjectKeyFromObject(stu))
+	r.status.Enqueue(client.ObjectKeyFromObject(stu))
 	return nil
 }
 
@@ -223,7 +298,7 @@ func (r *StudentReconciler) reconcileDelete(ctx context.Context, stu *studentv1.
 		// Not held: its deletion is published when it is gone.
 		return nil
 	}
-	if last := lastPublished(r.Records.Get(stu.UID)); last == nil || last.Type != studentv1.EventTypeDeleted {
+	if last := lastPublished(r.records.Get(stu.UID)); last == nil || last.Type != studentv1.EventTypeDeleted {
 		if err := r.publish(ctx, stu, studentv1.EventTypeDeleted, last); err != nil {
 			return err
 		}
@@ -245,13 +320,13 @@ func (r *StudentReconciler) reconcileDelete(ctx context.Context, stu *studentv1.
 // (kubernetes/kubernetes#77988), or out of the watched scope (a label or a
 // namespace the bridge no longer watches).
 func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.NamespacedName) (ctrl.Result, error) {
-	recs := r.Records.ForName(key)
+	recs := r.records.ForName(key)
 	if len(recs) == 0 {
 		r.gone.Delete(key)
 		return ctrl.Result{}, nil
 	}
 	var live studentv1.Student
-	err := r.apiReader().Get(ctx, key, &live)
+	err := r.apiReader.Get(ctx, key, &live)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return ctrl.Result{}, fmt.Errorf("look up %s: %w", key, err)
 	}
@@ -262,7 +337,7 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 		case exists && rec.Published.Type == studentv1.EventTypeDeleted:
 			// Left the scope earlier; the record keeps the next created
 			// apart from the first.
-		case exists && (r.InScope == nil || r.InScope(&live)):
+		case exists && r.inScope(&live):
 			// In scope, so the cache is behind: its watch event queues the
 			// Student again; look again in a moment all the same.
 			return ctrl.Result{RequeueAfter: time.Second}, nil
@@ -293,11 +368,11 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 // server first. A single bridge needs no check: its cache showed the
 // Student deleted before its record was removed.
 func (r *StudentReconciler) staleFirst(ctx context.Context, stu *studentv1.Student) (bool, error) {
-	if r.Shards == nil || stu.Generation <= 1 {
+	if !r.sharded || stu.Generation <= 1 {
 		return false, nil
 	}
 	var live studentv1.Student
-	err := r.apiReader().Get(ctx, client.ObjectKeyFromObject(stu), &live)
+	err := r.apiReader.Get(ctx, client.ObjectKeyFromObject(stu), &live)
 	if apierrors.IsNotFound(err) {
 		return true, nil // its watch event queues the name again
 	}
@@ -305,15 +380,6 @@ func (r *StudentReconciler) staleFirst(ctx context.Context, stu *studentv1.Stude
 		return false, fmt.Errorf("look up %s: %w", client.ObjectKeyFromObject(stu), err)
 	}
 	return live.UID != stu.UID || live.Generation != stu.Generation || !live.DeletionTimestamp.IsZero(), nil
-}
-
-// apiReader reads from the API server itself (APIReader), or from Client
-// when there is none.
-func (r *StudentReconciler) apiReader() client.Reader {
-	if r.APIReader != nil {
-		return r.APIReader
-	}
-	return r.Client
 }
 
 // Scope returns the InScope of a bridge that watches namespaces (none:
@@ -358,7 +424,7 @@ func (r *StudentReconciler) leaveScope(ctx context.Context, live *studentv1.Stud
 // stu's name.
 func (r *StudentReconciler) reconcileReplaced(ctx context.Context, stu *studentv1.Student) error {
 	key := client.ObjectKeyFromObject(stu)
-	for _, rec := range r.Records.ForName(key) {
+	for _, rec := range r.records.ForName(key) {
 		if rec.UID == stu.UID {
 			continue
 		}
@@ -401,7 +467,7 @@ func recordedStudent(rec studentv1.StudentRecord) *studentv1.Student {
 // a stream of user edits the cache is often behind.
 func (r *StudentReconciler) patchFinalizers(ctx context.Context, stu *studentv1.Student, change func(*studentv1.Student) bool) error {
 	defer since(stages.Finalizer, time.Now())
-	return PatchFinalizers(ctx, r.Client, r.apiReader(), stu, finalizerAttempts, change)
+	return PatchFinalizers(ctx, r.client, r.apiReader, stu, finalizerAttempts, change)
 }
 
 // PatchFinalizers applies change to stu's finalizers with a merge patch
@@ -435,7 +501,7 @@ func PatchFinalizers(ctx context.Context, c client.Client, reader client.Reader,
 // the same id it is in the stream once (the stream drops a copy within its
 // duplicate window), and no other event takes its number.
 func (r *StudentReconciler) publishReserved(ctx context.Context, key types.NamespacedName) error {
-	for _, rec := range r.Records.ForName(key) {
+	for _, rec := range r.records.ForName(key) {
 		if !rec.Reserved() {
 			continue
 		}
@@ -447,7 +513,7 @@ func (r *StudentReconciler) publishReserved(ctx context.Context, key types.Names
 		if err := json.Unmarshal(rec.Event, &ev); err != nil {
 			return r.failed(key, reconcile.TerminalError(fmt.Errorf("the reserved event of %s (uid %s) cannot be read: %w", key, rec.UID, err)))
 		}
-		receipt, err := send(ctx, r.Sink, ev)
+		receipt, err := send(ctx, r.sink, ev)
 		if err != nil {
 			return r.failed(key, fmt.Errorf("publish reserved %s %s: %w", rec.Published.Type, ev.ID(), err))
 		}
@@ -459,7 +525,7 @@ func (r *StudentReconciler) publishReserved(ctx context.Context, key types.Names
 			return r.failed(key, fmt.Errorf("record reserved %s %s: %w", rec.Published.Type, ev.ID(), err))
 		}
 		r.failures.Delete(key)
-		r.Status.Enqueue(key)
+		r.status.Enqueue(key)
 	}
 	return nil
 }
@@ -467,8 +533,8 @@ func (r *StudentReconciler) publishReserved(ctx context.Context, key types.Names
 // flush writes the records the store has held back (Records.Flush): until
 // it took them, nothing new may be published.
 func (r *StudentReconciler) flush(ctx context.Context) error {
-	if err := r.Records.Flush(ctx); err != nil {
-		return fmt.Errorf("the record store holds back %d record(s); publishing nothing new: %w", r.Records.Unsaved(), err)
+	if err := r.records.Flush(ctx); err != nil {
+		return fmt.Errorf("the record store holds back %d record(s); publishing nothing new: %w", r.records.Unsaved(), err)
 	}
 	return nil
 }
@@ -494,13 +560,13 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		previousID = last.ID
 	}
 	now := r.now()
-	ev, err := contract.NewEvent(r.Cluster, typ, contract.EventID(typ, stu, previousID), stu, last, now)
+	ev, err := contract.NewEvent(r.cluster, typ, contract.EventID(typ, stu, previousID), stu, last, now)
 	if err != nil {
-		r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, studentv1.ReasonInvalid, "Publish", "cannot build %s event: %v", typ, err)
+		r.recorder.Eventf(stu, nil, corev1.EventTypeWarning, studentv1.ReasonInvalid, "Publish", "cannot build %s event: %v", typ, err)
 		return r.failed(key, reconcile.TerminalError(err))
 	}
 	seq := contract.Sequence(typ, last)
-	stored, known := r.Records.Get(stu.UID)
+	stored, known := r.records.Get(stu.UID)
 	if known && stored.Pending && !stored.Reserved() && stored.Published.ID != ev.ID() {
 		// A first event reserved before v0.3.0, without the event: it
 		// may be out already, so this one counts on from it, and no two
@@ -528,7 +594,7 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		r.warn(ctx, stu, err, "%v", err)
 		return r.failed(key, err)
 	}
-	if c := r.Records.Committer(); c != nil {
+	if c := r.records.Committer(); c != nil {
 		return r.commit(ctx, c, stu, ev, rec)
 	}
 	// A first event's reservation is pending too, as before v0.3.0: a
@@ -546,14 +612,14 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 	}
 
 	sendCtx, sendSpan := startStep(ctx, "jetstream publish")
-	receipt, err := send(sendCtx, r.Sink, ev)
+	receipt, err := send(sendCtx, r.sink, ev)
 	endSpan(sendSpan, err)
 	if err != nil {
 		r.warn(ctx, stu, err, "publishing %s (id %s) failed: %v", typ, ev.ID(), err)
 		return r.failed(key, terminalIfInvalid(fmt.Errorf("publish %s %s: %w", typ, ev.ID(), err)))
 	}
 	log.FromContext(ctx).V(1).Info("published", "type", typ, "id", ev.ID(), "subject", receipt.Subject, "sequence", receipt.Sequence, "duplicate", receipt.Duplicate)
-	r.Recorder.Eventf(stu, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "published %s to %s, id %s, stream sequence %d", typ, receipt.Subject, ev.ID(), receipt.Sequence)
+	r.recorder.Eventf(stu, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "published %s to %s, id %s, stream sequence %d", typ, receipt.Subject, ev.ID(), receipt.Sequence)
 
 	rec.Published.Sequence = int64(receipt.Sequence)
 	recordCtx, recordSpan := startStep(ctx, "record")
@@ -576,7 +642,7 @@ func (r *StudentReconciler) commit(ctx context.Context, c sink.Committer, stu *s
 	typ := rec.Published.Type
 	sendCtx, sendSpan := startStep(ctx, "jetstream commit")
 	receipt, err := measured(ev, func() (receipt sink.Receipt, err error) {
-		err = r.Records.Commit(sendCtx, rec, func(k string, value []byte, revision uint64) (uint64, uint64, error) {
+		err = r.records.Commit(sendCtx, rec, func(k string, value []byte, revision uint64) (uint64, uint64, error) {
 			var rev uint64
 			receipt, rev, err = c.Commit(sendCtx, ev, k, value, revision)
 			return rev, receipt.Sequence, err
@@ -589,7 +655,7 @@ func (r *StudentReconciler) commit(ctx context.Context, c sink.Committer, stu *s
 		return r.failed(key, terminalIfInvalid(fmt.Errorf("publish %s %s: %w", typ, ev.ID(), err)))
 	}
 	log.FromContext(ctx).V(1).Info("published", "type", typ, "id", ev.ID(), "subject", receipt.Subject, "sequence", receipt.Sequence)
-	r.Recorder.Eventf(stu, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "published %s to %s, id %s, stream sequence %d", typ, receipt.Subject, ev.ID(), receipt.Sequence)
+	r.recorder.Eventf(stu, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "published %s to %s, id %s, stream sequence %d", typ, receipt.Subject, ev.ID(), receipt.Sequence)
 	r.failures.Delete(key)
 	return nil
 }
@@ -604,19 +670,19 @@ func (r *StudentReconciler) warn(ctx context.Context, stu *studentv1.Student, er
 		log.FromContext(ctx).Info("NATS cannot store now; retrying", "reason", err.Error())
 		return
 	}
-	r.Recorder.Eventf(stu, nil, corev1.EventTypeWarning, statusview.FailureReason(err), "Publish", format, args...)
+	r.recorder.Eventf(stu, nil, corev1.EventTypeWarning, statusview.FailureReason(err), "Publish", format, args...)
 }
 
 // save writes rec to the record store, timed as stage.
 func (r *StudentReconciler) save(ctx context.Context, stage string, rec studentv1.StudentRecord) error {
 	defer since(stage, time.Now())
-	return r.Records.Save(ctx, rec)
+	return r.records.Save(ctx, rec)
 }
 
 // failed remembers err for the status view and returns it.
 func (r *StudentReconciler) failed(key types.NamespacedName, err error) error {
 	r.failures.Store(key, err)
-	r.Status.Enqueue(key)
+	r.status.Enqueue(key)
 	return err
 }
 
@@ -632,17 +698,10 @@ func terminalIfInvalid(err error) error {
 // removeRecord removes the record of a Student that is gone, and the
 // receipts services wrote about it.
 func (r *StudentReconciler) removeRecord(ctx context.Context, uid types.UID) error {
-	if err := r.Records.Remove(ctx, uid); err != nil {
+	if err := r.records.Remove(ctx, uid); err != nil {
 		return err
 	}
-	return r.Receipts.Forget(ctx, string(uid))
-}
-
-func (r *StudentReconciler) now() time.Time {
-	if r.Now != nil {
-		return r.Now()
-	}
-	return time.Now()
+	return r.receipts.Forget(ctx, string(uid))
 }
 
 // CatchUp queues what changed while no bridge ran, ahead of the rest of
@@ -660,7 +719,7 @@ func (r *StudentReconciler) CatchUp(ctx context.Context, cached client.Reader) (
 	}
 	var objs []*studentv1.Student
 	for _, s := range students {
-		if r.needsPublish(s) && (r.Shards == nil || r.Shards.Owns(client.ObjectKeyFromObject(s))) {
+		if r.needsPublish(s) && r.shards.Owns(client.ObjectKeyFromObject(s)) {
 			objs = append(objs, s)
 		}
 	}
@@ -675,7 +734,7 @@ func (r *StudentReconciler) CatchUp(ctx context.Context, cached client.Reader) (
 // needsPublish says whether s has a change to publish: it is being
 // deleted, or its state is not what was last published.
 func (r *StudentReconciler) needsPublish(s *studentv1.Student) bool {
-	return !s.DeletionTimestamp.IsZero() || contract.NextChange(s, lastPublished(r.Records.Get(s.UID))) != ""
+	return !s.DeletionTimestamp.IsZero() || contract.NextChange(s, lastPublished(r.records.Get(s.UID))) != ""
 }
 
 // cachedAndGone lists the Students in the cache, and the records of those
@@ -684,7 +743,7 @@ func (r *StudentReconciler) needsPublish(s *studentv1.Student) bool {
 // namespace: one across the namespaces of a multi-namespace cache copies
 // every Student twice, which a restart and a failover wait for.
 func (r *StudentReconciler) cachedAndGone(ctx context.Context, cached client.Reader) ([]*studentv1.Student, []studentv1.StudentRecord, error) {
-	namespaces := r.Namespaces
+	namespaces := r.namespaces
 	if len(namespaces) == 0 {
 		namespaces = []string{metav1.NamespaceAll}
 	}
@@ -706,7 +765,7 @@ func (r *StudentReconciler) cachedAndGone(ctx context.Context, cached client.Rea
 		live[s.UID] = true
 	}
 	var gone []studentv1.StudentRecord
-	for _, rec := range r.Records.All() {
+	for _, rec := range r.records.All() {
 		if !live[rec.UID] {
 			gone = append(gone, rec)
 		}
@@ -760,7 +819,7 @@ func (r *StudentReconciler) EnqueueShard(ctx context.Context, cached client.Read
 		case r.needsReconcile(s):
 			objs = append(objs, s)
 		default:
-			r.Status.Enqueue(key)
+			r.status.Enqueue(key)
 		}
 	}
 	for _, rec := range gone {
@@ -783,7 +842,7 @@ func (r *StudentReconciler) Unpublished(ctx context.Context, cached client.Reade
 	}
 	out := map[int]int{}
 	for _, s := range students {
-		if g, ok := group(client.ObjectKeyFromObject(s)); ok && contract.NextChange(s, lastPublished(r.Records.Get(s.UID))) != "" {
+		if g, ok := group(client.ObjectKeyFromObject(s)); ok && contract.NextChange(s, lastPublished(r.records.Get(s.UID))) != "" {
 			out[g]++
 		}
 	}
@@ -807,7 +866,6 @@ const finalizerAttempts = 5
 
 // SetupWithManager registers the reconciler with mgr.
 func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.Options) error {
-	r.toQueue = make(chan event.TypedGenericEvent[*studentv1.Student], toQueueSize)
 	if opts.LogConstructor == nil {
 		// The values controller-runtime's builder gives a controller made
 		// with For: the Students' watch is made with Watches, for its
@@ -850,7 +908,7 @@ func (r *StudentReconciler) predicates() []predicate.Predicate {
 // Students are queued from the cache once it is held.
 func (r *StudentReconciler) ours() predicate.Predicate {
 	return predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return r.Shards == nil || r.Shards.Owns(client.ObjectKeyFromObject(o))
+		return r.shards.Owns(client.ObjectKeyFromObject(o))
 	})
 }
 

@@ -46,30 +46,55 @@ type fixture struct {
 	ns    string
 	sink  *sinktest.Sink
 	store *sinktest.Store
-	r     *reconciler.StudentReconciler
+	// deps and opts are what build makes the reconciler from.
+	deps reconciler.Deps
+	opts reconciler.Options
+	r    *reconciler.StudentReconciler
 }
 
 func newFixture(t *testing.T, holdWithFinalizer bool) *fixture {
 	t.Helper()
 	f := &fixture{t: t, ns: stacktest.Namespace(t, st.Client, "rec"), sink: &sinktest.Sink{}, store: &sinktest.Store{}}
-	f.r = &reconciler.StudentReconciler{
-		Client:            st.Client,
-		Sink:              f.sink,
-		Records:           records.New(),
-		HoldWithFinalizer: holdWithFinalizer,
-		Recorder:          nopRecorder{},
-		Cluster:           "test",
-	}
+	f.deps = reconciler.Deps{Client: st.Client, Sink: f.sink, Records: records.New()}
+	f.opts = reconciler.Options{HoldWithFinalizer: holdWithFinalizer, Recorder: nopRecorder{}, Cluster: "test"}
+	f.build()
 	f.load()
 	return f
+}
+
+// build makes the reconciler from f.deps and f.opts. A test that changes
+// them builds it again: New's reconciler does not change.
+func (f *fixture) build() {
+	f.t.Helper()
+	r, err := reconciler.New(f.deps, f.opts)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.r = r
 }
 
 // load (re)loads the records from the store, as a bridge does at start.
 func (f *fixture) load() {
 	f.t.Helper()
-	if err := f.r.Records.Load(context.Background(), f.store); err != nil {
+	if err := f.deps.Records.Load(context.Background(), f.store); err != nil {
 		f.t.Fatal(err)
 	}
+}
+
+// restart is a new bridge: a new reconciler whose records are loaded from
+// the store.
+func (f *fixture) restart() {
+	f.t.Helper()
+	f.deps.Records = records.New()
+	f.build()
+	f.load()
+}
+
+// publishVia makes the reconciler publish through p.
+func (f *fixture) publishVia(p sink.Sink) {
+	f.t.Helper()
+	f.deps.Sink = p
+	f.build()
 }
 
 func (f *fixture) create(name string, labels map[string]string) *studentv1.Student {
@@ -245,8 +270,7 @@ func TestSequenceSurvivesRestart(t *testing.T) {
 	f := newFixture(t, true)
 	f.create("a", nil)
 	f.mustReconcile("a")
-	f.r = &reconciler.StudentReconciler{Client: st.Client, Sink: f.sink, Records: records.New(), HoldWithFinalizer: true, Recorder: nopRecorder{}, Cluster: "test"}
-	f.load()
+	f.restart()
 	f.update("a", func(s *studentv1.Student) { s.Spec.School = "beijing" })
 	f.mustReconcile("a")
 	f.delete("a")
@@ -260,18 +284,17 @@ func TestSequenceSurvivesRestart(t *testing.T) {
 func TestSequenceAfterPendingFirstEvent(t *testing.T) {
 	f := newFixture(t, true)
 	stu := f.create("early", nil)
-	underlying := f.r.Sink
-	f.r.Sink = sinkFunc(func(ctx context.Context, ev cloudevents.Event) (sink.Receipt, error) {
-		_, _ = underlying.Publish(ctx, ev) // out, but the ack is lost
+	f.publishVia(sinkFunc(func(ctx context.Context, ev cloudevents.Event) (sink.Receipt, error) {
+		_, _ = f.sink.Publish(ctx, ev) // out, but the ack is lost
 		return sink.Receipt{}, errors.New("ack lost")
-	})
+	}))
 	if err := f.reconcile("early"); err == nil {
 		t.Fatal("reconcile succeeded without an ack")
 	}
 	if rec, _ := f.record(stu.UID); !rec.Pending {
 		t.Fatalf("record after a lost ack: %+v, want pending", rec)
 	}
-	f.r.Sink = underlying
+	f.publishVia(f.sink)
 	f.delete("early")
 	f.mustReconcile("early")
 	requireChain(t, f.requireEvents("created", "deleted"), 1)
@@ -393,8 +416,7 @@ func TestRestartRepublishesNothing(t *testing.T) {
 		f.create(n, nil)
 		f.mustReconcile(n)
 	}
-	f.r = &reconciler.StudentReconciler{Client: st.Client, Sink: f.sink, Records: records.New(), HoldWithFinalizer: true, Recorder: nopRecorder{}, Cluster: "test"}
-	f.load()
+	f.restart()
 	f.mustReconcile("a")
 	f.mustReconcile("b")
 	f.requireEvents("created", "created")
@@ -406,12 +428,12 @@ func TestWriteAhead(t *testing.T) {
 	f := newFixture(t, false)
 	stu := f.create("early", nil)
 	var seen *studentv1.StudentRecord
-	f.r.Sink = sinkFunc(func(ctx context.Context, ev cloudevents.Event) (sink.Receipt, error) {
+	f.publishVia(sinkFunc(func(ctx context.Context, ev cloudevents.Event) (sink.Receipt, error) {
 		if rec, ok := f.record(stu.UID); ok {
 			seen = &rec
 		}
 		return f.sink.Publish(ctx, ev)
-	})
+	}))
 	f.mustReconcile("early")
 	if seen == nil || !seen.Pending || seen.Published.Type != studentv1.EventTypeCreated {
 		t.Fatalf("record while the first event went out: %+v", seen)
@@ -447,10 +469,10 @@ func TestPendingIsNotPublished(t *testing.T) {
 	f := newFixture(t, false)
 	f.create("early", nil)
 	var during *metav1.Condition
-	f.r.Sink = sinkFunc(func(ctx context.Context, ev cloudevents.Event) (sink.Receipt, error) {
+	f.publishVia(sinkFunc(func(ctx context.Context, ev cloudevents.Event) (sink.Receipt, error) {
 		during = findPublished(f.r.View(f.get("early")))
 		return f.sink.Publish(ctx, ev)
-	})
+	}))
 	f.mustReconcile("early")
 	if during == nil || during.Status == metav1.ConditionTrue {
 		t.Errorf("Published condition while the first event was pending: %+v, want not True", during)
@@ -487,7 +509,8 @@ func (o *owner) isLost(key types.NamespacedName) bool {
 func TestConflictGivesUpTheShard(t *testing.T) {
 	f := newFixture(t, false)
 	o := &owner{}
-	f.r.Shards = o
+	f.opts.Shards = o
+	f.build()
 	stu := f.create("s", nil)
 	f.mustReconcile("s")
 	f.requireEvents("created")
@@ -539,11 +562,12 @@ func TestCacheBehindPublishesNothingOlder(t *testing.T) {
 			// The finalizer's removal fails, so the record says deleted
 			// while the Student is still there.
 			f.delete("lagging")
-			f.r.Client = interceptor.NewClient(f.withWatch(), interceptor.Funcs{
+			f.deps.Client = interceptor.NewClient(f.withWatch(), interceptor.Funcs{
 				Patch: func(context.Context, client.WithWatch, client.Object, client.Patch, ...client.PatchOption) error {
 					return errors.New("the API server is away")
 				},
 			})
+			f.build()
 			if err := f.reconcile("lagging"); err == nil {
 				t.Fatal("reconcile succeeded without removing the finalizer")
 			}
@@ -579,9 +603,9 @@ func TestCacheBehindPublishesNothingOlder(t *testing.T) {
 					return c.Get(ctx, key, obj, opts...)
 				},
 			})
-			f.r = &reconciler.StudentReconciler{Client: behind, APIReader: st.Client, Sink: f.sink, Records: records.New(), Shards: &owner{},
-				HoldWithFinalizer: true, Recorder: nopRecorder{}, Cluster: "test"}
-			f.load()
+			f.deps.Client, f.deps.APIReader = behind, st.Client
+			f.opts.Shards = &owner{}
+			f.restart()
 			f.mustReconcile("lagging")
 			f.requireEvents(tc.want...)
 		})
@@ -618,9 +642,10 @@ func TestCacheBehindIsNotAScopeExit(t *testing.T) {
 					return c.Get(ctx, key, obj, opts...)
 				},
 			})
-			f.r.Client, f.r.APIReader = behind, st.Client
-			f.r.Namespaces = tc.namespaces(f.ns)
-			f.r.InScope = reconciler.Scope(f.r.Namespaces, labels.Everything())
+			f.deps.Client, f.deps.APIReader = behind, st.Client
+			f.opts.Namespaces = tc.namespaces(f.ns)
+			f.opts.InScope = reconciler.Scope(f.opts.Namespaces, labels.Everything())
+			f.build()
 
 			res, err := f.r.Reconcile(context.Background(), ctrl.Request{NamespacedName: types.NamespacedName{Namespace: f.ns, Name: "lagging"}})
 			if err != nil {

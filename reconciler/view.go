@@ -15,8 +15,8 @@ func (r *StudentReconciler) View(stu *studentv1.Student) studentv1.StudentStatus
 	if v, ok := r.failures.Load(client.ObjectKeyFromObject(stu)); ok {
 		failure = v.(error)
 	}
-	last := lastPublished(r.Records.Get(stu.UID))
+	last := lastPublished(r.records.Get(stu.UID))
 	s := statusview.View(stu, last, failure)
-	r.Receipts.ApplyTo(&s, string(stu.UID), last)
+	r.receipts.ApplyTo(&s, string(stu.UID), last)
 	return s
 }

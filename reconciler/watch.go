@@ -45,7 +45,7 @@ func (h watchHandler) Create(ctx context.Context, e event.CreateEvent, q workque
 	key := client.ObjectKeyFromObject(e.Object)
 	if e.IsInInitialList {
 		if s, ok := e.Object.(*studentv1.Student); ok && h.r.recordsForInitialList() && !h.r.needsReconcile(s) {
-			h.r.Status.EnqueueUnchanged(key)
+			h.r.status.EnqueueUnchanged(key)
 			return
 		}
 		h.r.catchUps.add(key)

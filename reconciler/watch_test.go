@@ -37,16 +37,18 @@ func watched(ns string, generation int64, labels map[string]string, finalizers .
 
 // loadedReconciler is a reconciler whose records hold a created event of
 // mine/wang at generation 1, with a status writer that writes nothing.
+// It is made field by field, not by New: the watch handler reads no
+// client, and this test starts no API server.
 func loadedReconciler(t *testing.T) *StudentReconciler {
 	t.Helper()
-	r := &StudentReconciler{Records: records.New(), Shards: owner{}, HoldWithFinalizer: true, Status: statusview.NewWriter(nil, nil, 1, nil, logr.Discard())}
-	if err := r.Records.Load(context.Background(), &sinktest.Store{}); err != nil {
+	r := &StudentReconciler{records: records.New(), shards: owner{}, sharded: true, holdWithFinalizer: true, status: statusview.NewWriter(nil, nil, statusview.WriterOptions{QPS: 1, Log: logr.Discard()})}
+	if err := r.records.Load(context.Background(), &sinktest.Store{}); err != nil {
 		t.Fatal(err)
 	}
 	stu := watched("mine", 1, nil)
 	rec := studentv1.StudentRecord{Namespace: stu.Namespace, Name: stu.Name, UID: stu.UID,
 		Published: studentv1.PublishedEvent{Type: studentv1.EventTypeCreated, ID: "e1", Generation: 1, Spec: stu.Spec}}
-	if err := r.Records.Save(context.Background(), rec); err != nil {
+	if err := r.records.Save(context.Background(), rec); err != nil {
 		t.Fatal(err)
 	}
 	return r
@@ -60,9 +62,9 @@ func (r *StudentReconciler) state() string {
 		m.Range(func(any, any) bool { n++; return true })
 		return n
 	}
-	s := fmt.Sprintf("gone %d, seen %d, catch-up %d, records %d", count(&r.gone), count(&r.seen), r.catchUps.Pending(), r.Records.Len())
-	if r.Status != nil {
-		asked, unchanged := r.Status.Waiting()
+	s := fmt.Sprintf("gone %d, seen %d, catch-up %d, records %d", count(&r.gone), count(&r.seen), r.catchUps.Pending(), r.records.Len())
+	if r.status != nil {
+		asked, unchanged := r.status.Waiting()
 		s += fmt.Sprintf(", status asked %d+%d", asked, unchanged)
 	}
 	return s
@@ -116,7 +118,7 @@ func TestWatchHandler(t *testing.T) {
 	key := types.NamespacedName{Namespace: "mine", Name: "wang"}
 
 	h.Create(ctx, event.CreateEvent{Object: watched("mine", 1, nil, studentv1.Finalizer), IsInInitialList: true}, q)
-	if _, unchanged := r.Status.Waiting(); q.Len() != 0 || r.catchUps.Pending() != 0 || unchanged != 1 {
+	if _, unchanged := r.status.Waiting(); q.Len() != 0 || r.catchUps.Pending() != 0 || unchanged != 1 {
 		t.Fatalf("an unchanged Student of the initial list: queued %d, catch-up %d, status asked %d; want 0, 0, 1", q.Len(), r.catchUps.Pending(), unchanged)
 	}
 	if _, ok := r.seen.Load(key); ok {

@@ -17,8 +17,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -116,20 +118,20 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	if err != nil {
 		return err
 	}
-	r, err := addReconciler(mgr, cfg, restCfg, selector, pub, recs, log)
+	p, err := addReconciler(mgr, cfg, restCfg, selector, pub, recs, log)
 	if err != nil {
 		return err
 	}
-	if err := mgr.Add(&recordLoader{nc: nc, pub: pub, mover: mover, cfg: cfg, selector: selector, mgr: mgr, r: r, log: log.WithName("records")}); err != nil {
+	if err := mgr.Add(&recordLoader{nc: nc, pub: pub, mover: mover, cfg: cfg, selector: selector, mgr: mgr, r: p.r, recs: recs, log: log.WithName("records")}); err != nil {
 		return err
 	}
 	if cfg.Receipts.Bucket != "" {
-		defer r.CountServices()()
-		if err := mgr.Add(&receiptWatch{nc: nc, cfg: cfg, mgr: mgr, r: r, log: log.WithName("receipts")}); err != nil {
+		defer p.r.CountServices()()
+		if err := mgr.Add(&receiptWatch{nc: nc, cfg: cfg, mgr: mgr, parts: p, log: log.WithName("receipts")}); err != nil {
 			return err
 		}
 	}
-	if err := addSnapshots(mgr, cfg, nc, pub, r.Records, log); err != nil {
+	if err := addSnapshots(mgr, cfg, nc, pub, recs, log); err != nil {
 		return err
 	}
 	if err := addHealth(mgr, cfg, nc, brokerReady); err != nil {
@@ -199,26 +201,36 @@ func addBrokerSetup(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, layo
 	return stream.ready.Load, nil
 }
 
+// reconcilerParts are the Student reconciler and the parts it was made
+// with that other runnables feed: the receipts watch shows receipts
+// through them, the shards manager sets their share of the budgets.
+type reconcilerParts struct {
+	r        *reconciler.StudentReconciler
+	recorder events.EventRecorder
+	events   *kubeevents.Recorder // nil: Kubernetes Events are off
+	status   *statusview.Writer   // nil: status is off
+	receipts *statusview.Receipts // nil: receipts are off
+}
+
 // addReconciler sets up the Student reconciler with its Kubernetes Event
-// recorder, status writer, receipts and shards. Every field of the
-// reconciler is set before SetupWithManager: nothing changes it once the
-// controller has it.
-func addReconciler(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config, selector labels.Selector, pub *natssink.Publisher, recs *records.Set, log logr.Logger) (*reconciler.StudentReconciler, error) {
-	r := &reconciler.StudentReconciler{
-		Client:            mgr.GetClient(),
-		APIReader:         mgr.GetAPIReader(),
-		Sink:              pub,
-		Records:           recs,
-		HoldWithFinalizer: cfg.Deletes.HoldWithFinalizer,
-		Recorder:          nopRecorder{},
-		Cluster:           cfg.Cluster,
-		Timeout:           cfg.NATS.AckTimeout + reconcileSlack,
-		InScope:           reconciler.Scope(cfg.Namespaces, selector),
-		Namespaces:        cfg.Namespaces,
-	}
+// recorder, status writer, receipts and shards, made in that order; the
+// reconciler is made last, from all of them, and never changed. The parts
+// that call back into it (the workers' busy check, the status view, the
+// queueing of a gained shard) close over the variable r: they call it only
+// once the manager runs, after r is set.
+func addReconciler(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config, selector labels.Selector, pub *natssink.Publisher, recs *records.Set, log logr.Logger) (*reconcilerParts, error) {
+	var r *reconciler.StudentReconciler
 	// Every worker busy: changes are waiting for the API server, and
 	// Events and status writes would only take capacity from them.
 	busy := func() bool { return r.InFlight() >= cfg.Workers }
+	p := &reconcilerParts{recorder: nopRecorder{}}
+	opts := reconciler.Options{
+		Cluster:           cfg.Cluster,
+		HoldWithFinalizer: cfg.Deletes.HoldWithFinalizer,
+		InScope:           reconciler.Scope(cfg.Namespaces, selector),
+		Namespaces:        cfg.Namespaces,
+		Timeout:           cfg.NATS.AckTimeout + reconcileSlack,
+	}
 	if cfg.KubernetesEvents {
 		rec, err := kubeevents.New(mgr.GetClient(), mgr.GetScheme(), kubeevents.Options{
 			Controller: reconciler.ControllerName,
@@ -233,22 +245,35 @@ func addReconciler(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config
 		if err := mgr.Add(rec); err != nil {
 			return nil, err
 		}
-		r.Recorder = rec
+		p.recorder, p.events = rec, rec
+	}
+	opts.Recorder = p.recorder
+	var owns func(types.NamespacedName) bool // nil: every Student is this replica's
+	if cfg.Shards.Count > 1 {
+		m, err := addShards(mgr, cfg, restCfg, recs, func() *reconciler.StudentReconciler { return r }, p, log)
+		if err != nil {
+			return nil, err
+		}
+		opts.Shards, owns = m, m.Owns
 	}
 	if cfg.Status.Enabled {
-		r.Status = statusview.NewWriter(mgr.GetClient(), r.View, cfg.Status.QPS, busy, log.WithName("status"))
-		if err := mgr.Add(r.Status); err != nil {
+		view := func(stu *studentv1.Student) studentv1.StudentStatus { return r.View(stu) }
+		p.status = statusview.NewWriter(mgr.GetClient(), view, statusview.WriterOptions{QPS: cfg.Status.QPS, Busy: busy, Owns: owns, Log: log.WithName("status")})
+		if err := mgr.Add(p.status); err != nil {
 			return nil, err
 		}
+		opts.Status = p.status
 	}
 	if cfg.Receipts.Bucket != "" {
-		r.Receipts = statusview.NewReceipts(cfg.Services.Expected, nil)
+		p.receipts = statusview.NewReceipts(cfg.Services.Expected, nil)
+		opts.Receipts = p.receipts
 	}
-	if cfg.Shards.Count > 1 {
-		if err := addShards(mgr, cfg, restCfg, r, log); err != nil {
-			return nil, err
-		}
+	var err error
+	r, err = reconciler.New(reconciler.Deps{Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Sink: pub, Records: recs}, opts)
+	if err != nil {
+		return nil, err
 	}
+	p.r = r
 	skip := true
 	if err := r.SetupWithManager(mgr, controller.Options{
 		MaxConcurrentReconciles: cfg.Workers,
@@ -258,7 +283,7 @@ func addReconciler(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config
 	}); err != nil {
 		return nil, fmt.Errorf("set up controller: %w", err)
 	}
-	return r, nil
+	return p, nil
 }
 
 func addSnapshots(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, pub *natssink.Publisher, recs *records.Set, log logr.Logger) error {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/student-bridge/student-bridge/internal/config"
 	"github.com/student-bridge/student-bridge/internal/natssink"
+	"github.com/student-bridge/student-bridge/internal/records"
 	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink"
 )
@@ -135,6 +136,7 @@ type recordLoader struct {
 	selector labels.Selector
 	mgr      manager.Manager
 	r        *reconciler.StudentReconciler
+	recs     *records.Set
 	log      logr.Logger
 }
 
@@ -185,10 +187,10 @@ func (l *recordLoader) Start(ctx context.Context) error {
 			return err
 		}
 		start := time.Now()
-		if err := l.r.Records.Load(ctx, store); err != nil {
+		if err := l.recs.Load(ctx, store); err != nil {
 			return err
 		}
-		l.log.Info("record store loaded", "in", where, "records", l.r.Records.Len(), "took", time.Since(start).String())
+		l.log.Info("record store loaded", "in", where, "records", l.recs.Len(), "took", time.Since(start).String())
 		return nil
 	}, natssink.ErrBucketShape, errShardCount)
 	if errors.Is(err, errShardCount) {

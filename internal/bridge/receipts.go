@@ -15,7 +15,6 @@ import (
 	"github.com/student-bridge/student-bridge/internal/fleet"
 	"github.com/student-bridge/student-bridge/internal/natssink"
 	"github.com/student-bridge/student-bridge/internal/statusview"
-	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink"
 )
 
@@ -27,8 +26,9 @@ type receiptWatch struct {
 	nc  *nats.Conn
 	cfg *config.Config
 	mgr manager.Manager
-	r   *reconciler.StudentReconciler
-	log logr.Logger
+	// parts are the reconciler's receipts, status writer and recorder.
+	parts *reconcilerParts
+	log   logr.Logger
 }
 
 // NeedLeaderElection is true: only the leader writes status.
@@ -53,9 +53,9 @@ func (w *receiptWatch) Start(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		w.r.Receipts.SetStore(store)
+		w.parts.receipts.SetStore(store)
 		return store.Watch(ctx, func(rec sink.Record, deleted bool) { w.apply(ctx, rec, deleted) }, func() {
-			w.log.Info("receipts loaded", "bucket", bucket.Name, "receipts", w.r.Receipts.Len())
+			w.log.Info("receipts loaded", "bucket", bucket.Name, "receipts", w.parts.receipts.Len())
 		})
 	})
 	if err != nil && ctx.Err() == nil {
@@ -67,9 +67,9 @@ func (w *receiptWatch) Start(ctx context.Context) error {
 // apply takes one update of the bucket.
 func (w *receiptWatch) apply(ctx context.Context, rec sink.Record, deleted bool) {
 	if deleted {
-		if old, ok := w.r.Receipts.Remove(rec.Key); ok {
+		if old, ok := w.parts.receipts.Remove(rec.Key); ok {
 			statusview.CountReceipt("removed")
-			w.r.Status.Enqueue(types.NamespacedName{Namespace: old.Namespace, Name: old.Name})
+			w.parts.status.Enqueue(types.NamespacedName{Namespace: old.Namespace, Name: old.Name})
 		}
 		return
 	}
@@ -91,11 +91,11 @@ func (w *receiptWatch) apply(ctx context.Context, rec sink.Record, deleted bool)
 		w.log.Info("skipping a receipt of a Student the bridge does not watch", "key", rec.Key, "student", key.String())
 		return
 	}
-	prev := w.r.Receipts.Set(receipt)
+	prev := w.parts.receipts.Set(receipt)
 	statusview.CountReceipt(receipt.Result)
 	if receipt.Result == studentv1.ResultFailed && (prev == nil || prev.Result != receipt.Result || prev.EventID != receipt.EventID || prev.Message != receipt.Message) {
-		w.r.Recorder.Eventf(&stu, nil, corev1.EventTypeWarning, studentv1.ReasonServiceFailed, "Apply",
+		w.parts.recorder.Eventf(&stu, nil, corev1.EventTypeWarning, studentv1.ReasonServiceFailed, "Apply",
 			"service %s failed to apply event %s (generation %d): %s", receipt.Service, receipt.EventID, receipt.Generation, receipt.Message)
 	}
-	w.r.Status.Enqueue(key)
+	w.parts.status.Enqueue(key)
 }

@@ -19,7 +19,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/config"
-	"github.com/student-bridge/student-bridge/internal/kubeevents"
+	"github.com/student-bridge/student-bridge/internal/records"
 	"github.com/student-bridge/student-bridge/internal/scheme"
 	"github.com/student-bridge/student-bridge/internal/shards"
 	"github.com/student-bridge/student-bridge/reconciler"
@@ -32,11 +32,14 @@ const shardsKey = "config.shards"
 
 // addShards makes this replica one of several active ones: it publishes,
 // writes status and removes finalizers only for the Students of the shards
-// whose Leases it holds.
-func addShards(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config, r *reconciler.StudentReconciler, log logr.Logger) error {
+// whose Leases it holds. reconciled is the reconciler, made after the
+// shards (it is given them): the manager's callbacks, which run once the
+// manager has started, queue a gained shard's Students with it. parts'
+// status writer and recorder get the replica's share of their budgets.
+func addShards(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config, recs *records.Set, reconciled func() *reconciler.StudentReconciler, parts *reconcilerParts, log logr.Logger) (*shards.Manager, error) {
 	c, err := client.New(restCfg, client.Options{Scheme: scheme.New()})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	count := cfg.Shards.Count
 	of := func(key types.NamespacedName) int { return shards.Of(key.Namespace, key.Name, count) }
@@ -48,7 +51,7 @@ func addShards(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config, r 
 		LeaseDuration: cfg.LeaderElection.LeaseDuration, RenewDeadline: cfg.LeaderElection.RenewDeadline, RetryPeriod: cfg.LeaderElection.RetryPeriod,
 		Load: func(ctx context.Context, gained []int) error {
 			ours := in(gained)
-			return r.Records.ReloadWhere(ctx, func(rec studentv1.StudentRecord) bool {
+			return recs.ReloadWhere(ctx, func(rec studentv1.StudentRecord) bool {
 				return ours(types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name})
 			})
 		},
@@ -56,7 +59,7 @@ func addShards(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config, r 
 			if !mgr.GetCache().WaitForCacheSync(ctx) {
 				return
 			}
-			if _, err := r.EnqueueShard(ctx, mgr.GetClient(), in(gained)); err != nil && ctx.Err() == nil {
+			if _, err := reconciled().EnqueueShard(ctx, mgr.GetClient(), in(gained)); err != nil && ctx.Err() == nil {
 				log.Error(err, "queueing the Students of gained shards", "shards", gained)
 			}
 		},
@@ -65,27 +68,21 @@ func addShards(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config, r 
 		// while it holds none).
 		Held: func(n int) {
 			share := float64(max(n, 1)) / float64(count)
-			if r.Status != nil {
-				r.Status.SetQPS(cfg.Status.QPS * share)
-			}
-			if rec, ok := r.Recorder.(*kubeevents.Recorder); ok {
-				rec.SetQPS(cfg.KubernetesEventsQPS * share)
+			parts.status.SetQPS(cfg.Status.QPS * share)
+			if parts.events != nil {
+				parts.events.SetQPS(cfg.KubernetesEventsQPS * share)
 			}
 		},
 		Log: log.WithName("shards"),
 	})
-	r.Shards = m
-	if r.Status != nil {
-		r.Status.Owns = m.Owns
-	}
 	if err := mgr.Add(m); err != nil {
-		return err
+		return nil, err
 	}
 	// The backlog of the shards held, counted while the bridge runs.
 	backlog := &backlogSource{held: m.Held, count: func(ctx context.Context) (map[int]int, error) {
-		return r.Unpublished(ctx, mgr.GetClient(), func(key types.NamespacedName) (int, bool) { return of(key), m.Owns(key) })
+		return reconciled().Unpublished(ctx, mgr.GetClient(), func(key types.NamespacedName) (int, bool) { return of(key), m.Owns(key) })
 	}}
-	return mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+	return m, mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		if !mgr.GetCache().WaitForCacheSync(ctx) {
 			return nil
 		}

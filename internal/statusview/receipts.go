@@ -31,6 +31,9 @@ const maxServices = 64
 // the last receipt of every service. The bridge reads it to show on each
 // Student what the services applied, and removes the receipts of deleted
 // Students.
+//
+// A nil *Receipts is a bridge with receipts off: it has none, and its
+// methods do nothing.
 type Receipts struct {
 	// Expected are the services that must have applied the latest change
 	// for a Student to be InSync; with none, every reporting service is.
@@ -51,6 +54,9 @@ func NewReceipts(expected []string, store sink.Store) *Receipts {
 // None reports that no service is expected and none reported: no Student
 // shows a service.
 func (r *Receipts) None() bool {
+	if r == nil {
+		return true
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.Expected) == 0 && len(r.byUID) == 0
@@ -58,6 +64,9 @@ func (r *Receipts) None() bool {
 
 // SetStore sets the bucket receipts are removed from.
 func (r *Receipts) SetStore(store sink.Store) {
+	if r == nil {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.store = store
@@ -65,6 +74,9 @@ func (r *Receipts) SetStore(store sink.Store) {
 
 // Set records rec and returns the receipt it replaced (nil if none).
 func (r *Receipts) Set(rec studentv1.Receipt) *studentv1.Receipt {
+	if r == nil {
+		return nil
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m := r.byUID[rec.UID]
@@ -82,6 +94,9 @@ func (r *Receipts) Set(rec studentv1.Receipt) *studentv1.Receipt {
 
 // Remove drops the receipt of key (<service>.<uid>) and returns it.
 func (r *Receipts) Remove(key string) (studentv1.Receipt, bool) {
+	if r == nil {
+		return studentv1.Receipt{}, false
+	}
 	service, uid, ok := strings.Cut(key, ".")
 	if !ok {
 		return studentv1.Receipt{}, false
@@ -98,6 +113,9 @@ func (r *Receipts) Remove(key string) (studentv1.Receipt, bool) {
 
 // Len is the number of receipts held.
 func (r *Receipts) Len() int {
+	if r == nil {
+		return 0
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := 0

@@ -43,19 +43,14 @@ var statusWrites = prometheus.NewCounterVec(prometheus.CounterOpts{
 // the write happens), at most QPS per second, and wait while Busy says
 // changes are waiting for the API server; failures skip that wait, so a
 // stuck Student shows why promptly.
+//
+// A nil *Writer is a bridge that writes no status: its methods do nothing.
 type Writer struct {
-	// Client reads Students from the cache and patches their status.
-	Client client.Client
-	// View returns the status stu should show.
-	View func(stu *studentv1.Student) studentv1.StudentStatus
-	// QPS bounds the writes per second.
-	QPS float64
-	// Busy reports that changes are waiting; nil never waits.
-	Busy func() bool
-	// Owns says whether this replica writes key's status (its shard);
-	// nil writes every Student's.
-	Owns func(types.NamespacedName) bool
-	Log  logr.Logger
+	client client.Client
+	view   func(stu *studentv1.Student) studentv1.StudentStatus
+	busy   func() bool
+	owns   func(types.NamespacedName) bool
+	log    logr.Logger
 
 	// queue holds the Students asked for and when each was first asked
 	// for since its last write: the status stage's start.
@@ -63,16 +58,37 @@ type Writer struct {
 	limiter *rate.Limiter
 }
 
-// NewWriter returns a Writer; add it to the manager to run it.
-func NewWriter(c client.Client, view func(*studentv1.Student) studentv1.StudentStatus, qps float64, busy func() bool, log logr.Logger) *Writer {
+// WriterOptions are a Writer's settings; each zero value is a default.
+type WriterOptions struct {
+	// QPS bounds the writes per second (SetQPS changes it while the
+	// writer runs, for a replica's share).
+	QPS float64
+	// Busy reports that changes are waiting; nil never waits.
+	Busy func() bool
+	// Owns says whether this replica writes key's status (its shard);
+	// nil writes every Student's.
+	Owns func(types.NamespacedName) bool
+	Log  logr.Logger
+}
+
+// NewWriter returns a Writer that reads Students from c's cache and writes
+// the status view returns; add it to the manager to run it.
+func NewWriter(c client.Client, view func(*studentv1.Student) studentv1.StudentStatus, o WriterOptions) *Writer {
+	busy, owns := o.Busy, o.Owns
+	if busy == nil {
+		busy = func() bool { return false }
+	}
+	if owns == nil {
+		owns = func(types.NamespacedName) bool { return true }
+	}
 	return &Writer{
-		Client:  c,
-		View:    view,
-		QPS:     qps,
-		Busy:    busy,
-		Log:     log,
+		client:  c,
+		view:    view,
+		busy:    busy,
+		owns:    owns,
+		log:     o.Log,
 		queue:   newBacklog(),
-		limiter: rate.NewLimiter(rate.Limit(qps), 1),
+		limiter: rate.NewLimiter(rate.Limit(o.QPS), 1),
 	}
 }
 
@@ -96,6 +112,9 @@ func (w *Writer) EnqueueUnchanged(key types.NamespacedName) {
 // Waiting says how many Students wait for a write: those asked for since
 // their last write, and the unchanged ones a start asked for.
 func (w *Writer) Waiting() (asked, unchanged int) {
+	if w == nil {
+		return 0, 0
+	}
 	w.queue.mu.Lock()
 	defer w.queue.mu.Unlock()
 	return len(w.queue.asked), len(w.queue.unchanged) - w.queue.unchangedHead
@@ -104,6 +123,9 @@ func (w *Writer) Waiting() (asked, unchanged int) {
 // SetQPS changes the most status writes per second, e.g. to this replica's
 // share of a budget for all replicas.
 func (w *Writer) SetQPS(qps float64) {
+	if w == nil {
+		return
+	}
 	w.limiter.SetLimit(rate.Limit(qps))
 }
 
@@ -120,7 +142,7 @@ func (w *Writer) Start(ctx context.Context) error {
 		}
 		if err := w.write(ctx, key, asked); err != nil {
 			statusWrites.WithLabelValues(resultError).Inc()
-			w.Log.V(1).Info("status write failed", "student", key.String(), "reason", err.Error())
+			w.log.V(1).Info("status write failed", "student", key.String(), "reason", err.Error())
 		}
 	}
 }
@@ -128,19 +150,19 @@ func (w *Writer) Start(ctx context.Context) error {
 // write writes key's status view if it changed; asked is when it was
 // first asked for (zero if not known).
 func (w *Writer) write(ctx context.Context, key types.NamespacedName, asked time.Time) error {
-	if w.Owns != nil && !w.Owns(key) {
+	if !w.owns(key) {
 		return nil
 	}
 	var stu studentv1.Student
-	if err := w.Client.Get(ctx, key, &stu); err != nil {
+	if err := w.client.Get(ctx, key, &stu); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	view := w.View(&stu)
+	view := w.view(&stu)
 	if equality.Semantic.DeepEqual(stu.Status, TrimStatus(view)) {
 		return nil
 	}
 	if !failing(view) {
-		for w.Busy != nil && w.Busy() {
+		for w.busy() {
 			select {
 			case <-ctx.Done():
 				return nil
@@ -153,10 +175,10 @@ func (w *Writer) write(ctx context.Context, key types.NamespacedName, asked time
 	}
 	// Read again: the wait may have been long, and the view must be of the
 	// Student as it is now.
-	if err := w.Client.Get(ctx, key, &stu); err != nil {
+	if err := w.client.Get(ctx, key, &stu); err != nil {
 		return client.IgnoreNotFound(err)
 	}
-	view = w.View(&stu)
+	view = w.view(&stu)
 	if equality.Semantic.DeepEqual(stu.Status, TrimStatus(view)) {
 		return nil
 	}
@@ -166,7 +188,7 @@ func (w *Writer) write(ctx context.Context, key types.NamespacedName, asked time
 	// lands, nor on a Student re-created with the name. The API server
 	// ignores everything but status on this subresource.
 	stu.Status = view
-	if err := w.Client.Status().Update(ctx, &stu); err != nil {
+	if err := w.client.Status().Update(ctx, &stu); err != nil {
 		if apierrors.IsConflict(err) {
 			// Written again from a fresher cache; the wait goes on.
 			w.queue.add(key, asked)

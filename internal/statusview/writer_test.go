@@ -94,7 +94,7 @@ func TestStatusStageFromAsked(t *testing.T) {
 		Spec: studentv1.StudentSpec{Name: "waits", School: "china"}}); err != nil {
 		t.Fatal(err)
 	}
-	w := statusview.NewWriter(st.Client, notPublished("Pending", "asked for by the test"), 100, nil, logr.Discard())
+	w := statusview.NewWriter(st.Client, notPublished("Pending", "asked for by the test"), statusview.WriterOptions{QPS: 100, Log: logr.Discard()})
 	count, sum := statusStage(t)
 
 	const behind = 500 * time.Millisecond
@@ -156,7 +156,7 @@ func TestFailingViewsKeepTheBudget(t *testing.T) {
 		},
 	})
 	busy := func() bool { return true } // changes always wait: a failing view writes anyway
-	w := statusview.NewWriter(c, notPublished("PublishFailed", "NATS is down"), qps, busy, logr.Discard())
+	w := statusview.NewWriter(c, notPublished("PublishFailed", "NATS is down"), statusview.WriterOptions{QPS: qps, Busy: busy, Log: logr.Discard()})
 	for _, k := range keys {
 		w.Enqueue(k)
 	}
