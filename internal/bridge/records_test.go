@@ -4,13 +4,20 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"runtime"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
+	"github.com/student-bridge/student-bridge/internal/verify"
 )
 
 // TestRecordStoreUnavailable: while the bucket refuses writes, an update
@@ -148,4 +155,198 @@ func TestScopeExit(t *testing.T) {
 			t.Errorf("event %d (%s) names %q as the one before it, want %s", i+1, e.Event.Type(), prev, got[i-1].Event.ID())
 		}
 	}
+}
+
+// frozenStore makes a record bucket's stream stop answering writes, as a
+// stream leader that froze does, and then answer them late, as one that
+// thawed does: its subjects move aside, and a subscriber holds every write
+// meanwhile; thaw moves them back and hands each held write to the stream,
+// its answer to the writer that waits for it. Reads of the stream (by
+// sequence or last message) are answered all along.
+type frozenStore struct {
+	t      *testing.T
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream string
+	config jetstream.StreamConfig // the stream's, before it froze
+	sub    *nats.Subscription
+	held   chan *nats.Msg
+}
+
+func freezeBucket(t *testing.T, nc *nats.Conn, js jetstream.JetStream, bucket string) *frozenStore {
+	t.Helper()
+	ctx := context.Background()
+	f := &frozenStore{t: t, nc: nc, js: js, stream: "KV_" + bucket, held: make(chan *nats.Msg, 100)}
+	s, err := js.Stream(ctx, f.stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.config = s.CachedInfo().Config
+	// The subjects move first, then the writes are held: a write between
+	// the two has no responder and fails at once, and every write held was
+	// answered by nobody.
+	moved := f.config
+	moved.Subjects = []string{"$KV." + bucket + "-frozen.>"}
+	moved.MaxMsgs = -1
+	if _, err := js.UpdateStream(ctx, moved); err != nil {
+		t.Fatal(err)
+	}
+	if f.sub, err = nc.Subscribe("$KV."+bucket+".>", func(m *nats.Msg) { f.held <- m }); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// next waits for the next write the frozen stream holds.
+func (f *frozenStore) next() *nats.Msg {
+	f.t.Helper()
+	select {
+	case m := <-f.held:
+		return m
+	case <-time.After(time.Minute):
+		f.t.Fatal("no write reached the frozen record store")
+		return nil
+	}
+}
+
+// thaw gives the stream its subjects back and answers held, and every write
+// held since, with the stream's own answer.
+func (f *frozenStore) thaw(held ...*nats.Msg) {
+	f.t.Helper()
+	restored := f.config
+	restored.MaxMsgs = -1
+	if _, err := f.js.UpdateStream(context.Background(), restored); err != nil {
+		f.t.Fatal(err)
+	}
+	if err := f.sub.Unsubscribe(); err != nil {
+		f.t.Fatal(err)
+	}
+	for {
+		select {
+		case m := <-f.held:
+			held = append(held, m)
+			continue
+		default:
+		}
+		break
+	}
+	for _, m := range held {
+		answer, err := f.nc.RequestMsg(&nats.Msg{Subject: m.Subject, Header: m.Header, Data: m.Data}, 10*time.Second)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		if err := m.RespondMsg(&nats.Msg{Header: answer.Header, Data: answer.Data}); err != nil {
+			f.t.Fatal(err)
+		}
+	}
+}
+
+// TestStalledRecordStoreHoldsUpNoOtherStudent: while the record store
+// does not answer (its stream frozen) the write of records held back by an
+// earlier failure, the bridge keeps up with every other Student: the
+// cache takes a new one in (its status view is written), and a reconcile
+// of it finishes (with a Warning Event: nothing is published while
+// records wait). Once the store answers, every record is written and each
+// event is in the stream once.
+func TestStalledRecordStoreHoldsUpNoOtherStudent(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "stall")
+	// A write the store does not answer waits this long: longer than the
+	// test waits for the other Student.
+	cfg.NATS.AckTimeout = 2 * time.Minute
+	startBridge(t, cfg)
+	nc := natsConn(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Client.Create(ctx, newStudent(ns, "a", "wang", "china")); err != nil {
+		t.Fatal(err)
+	}
+	waitStream(t, nc, cfg.NATS.Stream.Name, 1)
+
+	// The bucket refuses a record of a new key at once: c's reservation
+	// is held back, unsaved.
+	bucket := "KV_" + cfg.Records.Bucket
+	s, err := js.Stream(ctx, bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := s.CachedInfo().Config
+	full.MaxMsgs = 1
+	if _, err := js.UpdateStream(ctx, full); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Client.Create(ctx, newStudent(ns, "c", "zhao", "china")); err != nil {
+		t.Fatal(err)
+	}
+	warned := func(name string) func() error {
+		return func() error {
+			for _, e := range kubeEvents(t, ns, name) {
+				if e.Type == corev1.EventTypeWarning && e.Reason == studentv1.ReasonPublishFailed {
+					return nil
+				}
+			}
+			return fmt.Errorf("no %s Warning Event on %s", studentv1.ReasonPublishFailed, name)
+		}
+	}
+	stacktest.WaitFor(t, "c's record refused", warned("c"))
+
+	// Now the store stops answering: c's retry writes the held-back
+	// record, and waits, holding the one flush; a reconcile of another
+	// Student finds it under way and does not wait for it.
+	frozen := freezeBucket(t, nc, js, cfg.Records.Bucket)
+	flush := frozen.next()
+	if err := st.Client.Create(ctx, newStudent(ns, "b", "li", "shanghai")); err != nil {
+		t.Fatal(err)
+	}
+	// A bound that only a lock held across the stalled write reaches: the
+	// write waits for two minutes.
+	seen := func() error {
+		if c := publishedCondition(getStudent(t, ns, "b")); c == nil || c.Status != metav1.ConditionFalse {
+			return fmt.Errorf("b's Published condition is %+v: the cache has not shown b to the status writer", c)
+		}
+		return warned("b")()
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for err := seen(); err != nil; err = seen() {
+		if time.Now().After(deadline) {
+			t.Logf("Kubernetes Events on b: %d; the bridge's goroutines in the records and the reconciler:\n%s", len(kubeEvents(t, ns, "b")), bridgeStacks())
+			t.Fatalf("while a write of the record store hung, a new Student was not taken in: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	frozen.thaw(flush)
+	got := waitStream(t, nc, cfg.NATS.Stream.Name, 3)
+	stacktest.WaitFor(t, "verify to find every record written and each event once", func() error {
+		r, err := verify.Verify(ctx, verifySource(cfg, nc), verify.Options{})
+		if err == nil && r.Events != 3 {
+			err = fmt.Errorf("read %d events, want 3", r.Events)
+		}
+		if err == nil {
+			err = r.Err()
+		}
+		return err
+	})
+	if names := []string{got[1].Data.Metadata.Name, got[2].Data.Metadata.Name}; !slices.Contains(names, "b") || !slices.Contains(names, "c") {
+		t.Errorf("after the store answered: %v of %v, want b and c created", types(got), names)
+	}
+}
+
+// bridgeStacks are the stacks of the goroutines in the records or the
+// reconciler: where the bridge waits, when it waits too long.
+func bridgeStacks() string {
+	buf := make([]byte, 1<<24)
+	var out []string
+	for g := range strings.SplitSeq(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		if strings.Contains(g, "internal/records.") || strings.Contains(g, "student-bridge/reconciler.") {
+			out = append(out, g)
+		}
+	}
+	return strings.Join(out, "\n\n")
 }
