@@ -194,11 +194,12 @@ func (m *Mirror) startReady(ctx context.Context) {
 		j := job{key: key, change: p.change, seqs: len(p.seqs), seq: p.seq, checkReceipt: p.catchUp && p.attempts == 0}
 		j.change.Old, j.change.New = old, p.latest
 		m.handlers.Add(1)
+		outcomes := m.outcomes // this Run's, whenever the handler returns
 		go func() {
 			defer m.handlers.Done()
 			state, err := m.apply(ctx, j)
 			select {
-			case m.outcomes <- outcome{job: j, state: state, err: err}:
+			case outcomes <- outcome{job: j, state: state, err: err}:
 			case <-ctx.Done():
 			}
 		}()
@@ -273,10 +274,10 @@ func (m *Mirror) finish(ctx context.Context, o outcome) {
 		delay := min(m.o.RetryBaseDelay<<min(p.attempts-1, 20), m.o.RetryMaxDelay)
 		m.log.Info("change failed; retrying", "student", c.Namespace+"/"+c.Name, "event", c.EventID, "attempt", p.attempts, "retryIn", delay.String(), "reason", o.err.Error())
 		p.waiting = true
-		key := o.job.key
+		key, retries := o.job.key, m.retries // this Run's, whenever the timer fires
 		time.AfterFunc(delay, func() {
 			select {
-			case m.retries <- key:
+			case retries <- key:
 			case <-ctx.Done():
 			}
 		})

@@ -55,9 +55,11 @@ type Desired struct {
 type Change struct {
 	Old *Desired
 	New *Desired
-	// Cluster, UID, Namespace and Name identify the Student; EventID,
-	// EventType and Generation the newest event behind the change (the
-	// deleted event's when New is nil).
+	// Cluster, UID, Namespace and Name identify the Student, whether
+	// Old, New or both are set (they are New's, or Old's for a delete).
+	// EventID, EventType and Generation name the newest event behind the
+	// change: New's, or for a delete the deleted event's, which neither
+	// Old nor New carries.
 	Cluster    string
 	UID        string
 	Namespace  string
@@ -150,8 +152,15 @@ type Mirror struct {
 	applied map[string]*Desired // by key: what the handler applied
 
 	runs atomic.Int32 // Runs in progress: at most one
+	gaps atomic.Int64
 
-	// Owned by Run's loop.
+	// *runState is the current Run's state, made anew by each Run.
+	*runState
+}
+
+// runState is what one Run keeps, owned by its loop: each Run starts
+// from a new one, so nothing of a Run that ended leaks into the next.
+type runState struct {
 	pending   map[string]*pendingStudent
 	held      []*heldMsg
 	catchUp   int // rebuild Students not yet applied
@@ -163,7 +172,15 @@ type Mirror struct {
 	handlers  sync.WaitGroup
 	// numbers is the Student sequence of the newest event read per key.
 	numbers map[string]int64
-	gaps    atomic.Int64
+}
+
+func newRunState() *runState {
+	return &runState{
+		pending:  map[string]*pendingStudent{},
+		numbers:  map[string]int64{},
+		retries:  make(chan string, retryQueueSize),
+		outcomes: make(chan outcome),
+	}
 }
 
 type pendingStudent struct {
@@ -267,15 +284,29 @@ func (m *Mirror) Run(ctx context.Context) error {
 		return errors.New("consumer: this Mirror is running already")
 	}
 	defer m.runs.Store(0)
+	m.runState = newRunState()
 	ctx, cancel := context.WithCancel(ctx)
 	defer m.handlers.Wait()
 	defer cancel()
+	stream, cons, err := m.start(ctx)
+	if err != nil {
+		return err
+	}
+	if err := m.rebuild(ctx, stream, cons); err != nil {
+		return err
+	}
+	return m.live(ctx, cons)
+}
+
+// start opens the stream, the receipts bucket and the service's durable
+// consumer (made the first time).
+func (m *Mirror) start(ctx context.Context) (jetstream.Stream, jetstream.Consumer, error) {
 	stream, err := m.js.Stream(ctx, m.o.Stream)
 	if err != nil {
-		return fmt.Errorf("consumer: stream %s: %w", m.o.Stream, err)
+		return nil, nil, fmt.Errorf("consumer: stream %s: %w", m.o.Stream, err)
 	}
 	if m.rep, err = NewReporter(ctx, m.nc, m.o.Service, m.o.ReceiptsBucket); err != nil {
-		return err
+		return nil, nil, err
 	}
 	cons, err := stream.Consumer(ctx, m.o.Service)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
@@ -290,8 +321,17 @@ func (m *Mirror) Run(ctx context.Context) error {
 		})
 	}
 	if err != nil {
-		return fmt.Errorf("consumer: durable consumer %s: %w", m.o.Service, err)
+		return nil, nil, fmt.Errorf("consumer: durable consumer %s: %w", m.o.Service, err)
 	}
+	return stream, cons, nil
+}
+
+// rebuild reads the stream once: the desired state the service applied up
+// to its durable consumer's acknowledged position, then one change per
+// Student that changed after it, each scheduled for the handler. When
+// events the service has not seen left the stream, it first asks the
+// bridge for a snapshot.
+func (m *Mirror) rebuild(ctx context.Context, stream jetstream.Stream, cons jetstream.Consumer) error {
 	info, err := cons.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("consumer: durable consumer %s: %w", m.o.Service, err)
@@ -316,14 +356,7 @@ func (m *Mirror) Run(ctx context.Context) error {
 	}
 	m.lastStart = last
 
-	// One reading of the stream: what the service applied up to its
-	// acknowledged position, then one change per Student that changed
-	// after it.
 	applied := map[string]*Desired{}
-	m.pending = map[string]*pendingStudent{}
-	m.numbers = map[string]int64{}
-	m.retries = make(chan string, retryQueueSize)
-	m.ready, m.running, m.outcomes = nil, 0, make(chan outcome)
 	if err := m.fold(ctx, stream, last, func(d *Desired, ev *event) {
 		m.track(d)
 		switch k := m.key(d.Cluster, d.UID); {
@@ -344,7 +377,12 @@ func (m *Mirror) Run(ctx context.Context) error {
 	for _, k := range m.pendingInOrder() {
 		m.schedule(ctx, k)
 	}
+	return nil
+}
 
+// live applies each change the durable consumer delivers, the retries and
+// the handlers' outcomes, until ctx is done or the reading ends.
+func (m *Mirror) live(ctx context.Context, cons jetstream.Consumer) error {
 	var ended error
 	msgs, stop, err := m.deliveries(ctx, cons, &ended)
 	if err != nil {
