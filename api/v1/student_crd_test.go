@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/discovery"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
@@ -188,7 +186,7 @@ func TestShortNameAndColumns(t *testing.T) {
 	if err := st.Client.Status().Update(ctx, s); err != nil {
 		t.Fatal(err)
 	}
-	out := kubectl(t, "get", "stu", "-n", "default", "columns")
+	out := stacktest.Kubectl(t, stacktest.AdminKubeconfig(t, st.Env), "get", "stu", "-n", "default", "columns")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) != 2 {
 		t.Fatalf("kubectl get stu printed %q", out)
@@ -199,30 +197,4 @@ func TestShortNameAndColumns(t *testing.T) {
 	if got := strings.Fields(lines[1]); len(got) < 5 || got[0] != "columns" || got[1] != "wang" || got[2] != "china" || got[len(got)-2] != "1/2" {
 		t.Errorf("row %v", got)
 	}
-}
-
-func kubectl(t *testing.T, args ...string) string {
-	t.Helper()
-	user, err := st.Env.AddUser(envtest.User{Name: "test-admin", Groups: []string{"system:masters"}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kc, err := user.KubeConfig()
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := os.WriteFile(path, kc, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	assets, err := stack.AssetsDir("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(assets, "kubectl"), append([]string{"--kubeconfig", path}, args...)...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubectl %v: %v\n%s", args, err, out)
-	}
-	return string(out)
 }

@@ -39,13 +39,13 @@ func TestDevStackSurvivesRestart(t *testing.T) {
 	}
 	defer nc.Close()
 
-	kubectl(t, kubeconfig, "create", "-f", "configs/samples/student-instance.yaml")
+	stacktest.Kubectl(t, kubeconfig, "create", "-f", "configs/samples/student-instance.yaml")
 	got := waitEvents(t, nc, 1)
 	if got[0].Event.Type() != studentv1.EventTypeCreated || got[0].Data.Spec.Name != "wang" {
 		t.Fatalf("first event %s %+v", got[0].Event.Type(), got[0].Data)
 	}
 	if err := stacktest.Eventually(30*time.Second, func() error {
-		out := kubectl(t, kubeconfig, "get", "stu", "object-name", "--no-headers")
+		out := stacktest.Kubectl(t, kubeconfig, "get", "stu", "object-name", "--no-headers")
 		if !strings.Contains(out, "True") {
 			return fmt.Errorf("not published yet: %s", out)
 		}
@@ -69,16 +69,16 @@ func TestDevStackSurvivesRestart(t *testing.T) {
 	// Second start: same Student, same stream, nothing republished.
 	p = start(t, dir, args...)
 	p.waitOutput(t, "stream ready", 90*time.Second)
-	out := kubectl(t, kubeconfig, "get", "stu", "object-name", "-o", "jsonpath={.spec.school}")
+	out := stacktest.Kubectl(t, kubeconfig, "get", "stu", "object-name", "-o", "jsonpath={.spec.school}")
 	if out != "china" {
 		t.Fatalf("after restart the Student is %q", out)
 	}
-	kubectl(t, kubeconfig, "patch", "stu", "object-name", "--type=merge", "-p", `{"spec":{"school":"tsinghua"}}`)
+	stacktest.Kubectl(t, kubeconfig, "patch", "stu", "object-name", "--type=merge", "-p", `{"spec":{"school":"tsinghua"}}`)
 	got = waitEvents(t, nc, 2)
 	if got[1].Event.Type() != studentv1.EventTypeUpdated || got[1].Data.PreviousSpec == nil || got[1].Data.PreviousSpec.School != "china" {
 		t.Errorf("after restart: %s %+v", got[1].Event.Type(), got[1].Data)
 	}
-	kubectl(t, kubeconfig, "delete", "stu", "object-name")
+	stacktest.Kubectl(t, kubeconfig, "delete", "stu", "object-name")
 	got = waitEvents(t, nc, 3)
 	if got[2].Event.Type() != studentv1.EventTypeDeleted {
 		t.Errorf("delete: %s", got[2].Event.Type())
@@ -125,7 +125,7 @@ func TestDevNATSCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	kubectl(t, filepath.Join(dir, "kubeconfig"), "create", "-f", "configs/samples/student-instance.yaml")
+	stacktest.Kubectl(t, filepath.Join(dir, "kubeconfig"), "create", "-f", "configs/samples/student-instance.yaml")
 	if got := waitEvents(t, nc, 1); got[0].Event.Type() != studentv1.EventTypeCreated {
 		t.Fatalf("first event %s", got[0].Event.Type())
 	}

@@ -127,17 +127,6 @@ func (p *proc) stop(t *testing.T, sig syscall.Signal) error {
 	return nil
 }
 
-func kubectl(t *testing.T, kubeconfig string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(filepath.Join(assets, "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...)
-	cmd.Dir = stack.RepoRoot()
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubectl %v: %v\n%s", args, err, out)
-	}
-	return string(out)
-}
-
 // processesUsing lists processes whose command line mentions s.
 func processesUsing(s string) []string {
 	dirs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
