@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -43,7 +42,10 @@ func TestOversizedEvent(t *testing.T) {
 		return counter(t, "student_bridge_events_published_total", map[string]string{"result": "error"}) +
 			counter(t, "student_bridge_record_store_operations_total", map[string]string{"op": "put", "result": "error"})
 	}
-	before := attempts()
+	terminal := func() float64 {
+		return counter(t, "controller_runtime_terminal_reconcile_errors_total", map[string]string{"controller": "student-bridge"})
+	}
+	before, terminalBefore := attempts(), terminal()
 	huge := newStudent(ns, "huge", "wang", "china")
 	huge.Labels = map[string]string{}
 	for i := range 40 {
@@ -71,15 +73,21 @@ func TestOversizedEvent(t *testing.T) {
 		}
 		return errors.New("no Warning event")
 	})
-	// Not retried: while five more Students are published, and then over
-	// three of the longest retry delays, no further attempt is made.
+	// Not retried: its reconcile ended in a terminal error, which the
+	// controller never queues again, and while five more Students are
+	// published no further attempt is made.
+	stacktest.WaitFor(t, "the oversized Student's reconcile to end in a terminal error", func() error {
+		if n := terminal() - terminalBefore; n != 1 {
+			return fmt.Errorf("%v terminal errors, want 1", n)
+		}
+		return nil
+	})
 	for i := range 5 {
 		if err := st.Client.Create(ctx, newStudent(ns, fmt.Sprintf("more-%d", i), "li", "peking")); err != nil {
 			t.Fatal(err)
 		}
 	}
 	waitStream(t, nc, cfg.NATS.Stream.Name, 6)
-	time.Sleep(3 * cfg.Retry.MaxDelay) // the window a retry would fall in
 	if n := attempts() - before; n != 1 {
 		t.Errorf("%v failed attempts for the oversized Student, want 1: it is being retried", n)
 	}

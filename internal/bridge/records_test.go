@@ -312,13 +312,9 @@ func TestStalledRecordStoreHoldsUpNoOtherStudent(t *testing.T) {
 		}
 		return warned("b")()
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for err := seen(); err != nil; err = seen() {
-		if time.Now().After(deadline) {
-			t.Logf("Kubernetes Events on b: %d; the bridge's goroutines in the records and the reconciler:\n%s", len(kubeEvents(t, ns, "b")), bridgeStacks())
-			t.Fatalf("while a write of the record store hung, a new Student was not taken in: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := stacktest.Eventually(20*time.Second, seen); err != nil {
+		t.Logf("Kubernetes Events on b: %d; the bridge's goroutines in the records and the reconciler:\n%s", len(kubeEvents(t, ns, "b")), bridgeStacks())
+		t.Fatalf("while a write of the record store hung, a new Student was not taken in: %v", err)
 	}
 
 	frozen.thaw(flush)
