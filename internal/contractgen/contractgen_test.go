@@ -186,17 +186,7 @@ func TestGateAgainstThePreviousRelease(t *testing.T) {
 	}
 	previous := string(m[1])
 	src := t.TempDir()
-	archive := exec.Command("git", "-C", root, "archive", previous, "api/v1")
-	var tarball bytes.Buffer
-	archive.Stdout, archive.Stderr = &tarball, os.Stderr
-	if err := archive.Run(); err != nil {
-		t.Fatalf("git archive %s api/v1 (a clone with history is needed): %v", previous, err)
-	}
-	untar := exec.Command("tar", "-x", "-C", src)
-	untar.Stdin = &tarball
-	if out, err := untar.CombinedOutput(); err != nil {
-		t.Fatalf("untar: %v: %s", err, out)
-	}
+	stacktest.Archive(t, root, previous, src, "api/v1")
 	// The previous release's version: the schemas' URIs were its.
 	const previousVersion = "v1"
 	old, err := schemas(filepath.Join(src, "api", "v1"), previousVersion, true)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/version"
 )
 
@@ -84,18 +85,7 @@ func TestPublicAPIKeepsTheLastRelease(t *testing.T) {
 	}
 	commit := release(t, root)
 	old := t.TempDir()
-	archive := exec.Command("git", "-C", root, "archive", commit, "go.mod")
-	var tarball bytes.Buffer
-	archive.Stdout, archive.Stderr = &tarball, os.Stderr
-	archive.Args = append(archive.Args, Packages...)
-	if err := archive.Run(); err != nil {
-		t.Fatalf("git archive %s: %v", commit, err)
-	}
-	untar := exec.Command("tar", "-x", "-C", old)
-	untar.Stdin = &tarball
-	if out, err := untar.CombinedOutput(); err != nil {
-		t.Fatalf("untar: %v: %s", err, out)
-	}
+	stacktest.Archive(t, root, commit, old, append([]string{"go.mod"}, Packages...)...)
 	released, err := os.ReadFile(filepath.Join(old, "go.mod"))
 	if err != nil {
 		t.Fatal(err)
@@ -104,8 +94,8 @@ func TestPublicAPIKeepsTheLastRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if modulePath(released) != modulePath(current) {
-		t.Skipf("the module is %s, the release was %s: a new major version may break its API", modulePath(current), modulePath(released))
+	if stack.ModulePath(released) != stack.ModulePath(current) {
+		t.Skipf("the module is %s, the release was %s: a new major version may break its API", stack.ModulePath(current), stack.ModulePath(released))
 	}
 	// The release's packages are type-checked with this tree's module
 	// versions, as hack/previous-release.sh builds it: the modules they
@@ -137,13 +127,4 @@ func TestPublicAPIKeepsTheLastRelease(t *testing.T) {
 	if t.Failed() {
 		t.Log("a service built against the release breaks: keep the change additive (a new function, a new field, an option), or move the module to a new major version (its path's /vN) and say in CHANGELOG.md what a service must change")
 	}
-}
-
-func modulePath(gomod []byte) string {
-	for line := range strings.Lines(string(gomod)) {
-		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "module "); ok {
-			return strings.TrimSpace(rest)
-		}
-	}
-	return ""
 }

@@ -326,7 +326,7 @@ func RepoRoot() string {
 		return "."
 	}
 	for dir := wd; ; dir = filepath.Dir(dir) {
-		if mod, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && modulePath(mod) == module {
+		if mod, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && ModulePath(mod) == module {
 			return dir
 		}
 		if filepath.Dir(dir) == dir {
@@ -335,8 +335,8 @@ func RepoRoot() string {
 	}
 }
 
-// modulePath is the module a go.mod declares.
-func modulePath(mod []byte) string {
+// ModulePath is the module a go.mod declares.
+func ModulePath(mod []byte) string {
 	for line := range strings.Lines(string(mod)) {
 		if f := strings.Fields(line); len(f) == 2 && f[0] == "module" {
 			return strings.Trim(f[1], `"`)
