@@ -4,6 +4,7 @@
 package queue
 
 import (
+	"cmp"
 	"slices"
 	"sync"
 	"time"
@@ -40,8 +41,11 @@ type agingQueue struct {
 	priorityqueue.PriorityQueue[reconcile.Request]
 	maxWait time.Duration
 
-	mu  sync.Mutex
-	low map[reconcile.Request]time.Time // when each item below the default priority was queued
+	mu sync.Mutex
+	// low numbers each item below the default priority in the order it
+	// was queued (a time would not: one call queues many at one instant).
+	low    map[reconcile.Request]uint64
+	queued uint64
 	// progress is when a worker last took an item of low, or when low
 	// was last empty.
 	progress time.Time
@@ -69,7 +73,7 @@ func NewAging(maxWait time.Duration, log logr.Logger, starting func() (release f
 				o.Log = log
 			}),
 			maxWait: maxWait,
-			low:     map[reconcile.Request]time.Time{},
+			low:     map[reconcile.Request]uint64{},
 			stop:    make(chan struct{}),
 		}
 		go q.raise()
@@ -90,7 +94,8 @@ func (q *agingQueue) AddWithOpts(o priorityqueue.AddOpts, items ...reconcile.Req
 	for _, it := range items {
 		switch _, queued := q.low[it]; {
 		case low && !queued:
-			q.low[it] = now
+			q.queued++
+			q.low[it] = q.queued
 		case !low:
 			delete(q.low, it) // at the default priority now
 		}
@@ -131,7 +136,7 @@ func (q *agingQueue) taken(item reconcile.Request) {
 		delete(q.low, item)
 		q.progress = time.Now()
 		if len(q.low) == 0 {
-			q.low = map[reconcile.Request]time.Time{} // a map never shrinks: let a catch-up's go
+			q.low = map[reconcile.Request]uint64{} // a map never shrinks: let a catch-up's go
 		}
 	}
 	q.mu.Unlock()
@@ -169,8 +174,8 @@ func (q *agingQueue) raise() {
 				due = append(due, it)
 			}
 			// In the order they were queued.
-			slices.SortFunc(due, func(a, b reconcile.Request) int { return q.low[a].Compare(q.low[b]) })
-			q.low = map[reconcile.Request]time.Time{}
+			slices.SortFunc(due, func(a, b reconcile.Request) int { return cmp.Compare(q.low[a], q.low[b]) })
+			q.low = map[reconcile.Request]uint64{}
 			q.mu.Unlock()
 			q.PriorityQueue.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(0)}, due...)
 		}

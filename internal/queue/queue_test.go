@@ -3,6 +3,7 @@ package queue
 import (
 	"fmt"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -41,14 +42,17 @@ func addLow(q *agingQueue, names ...string) {
 }
 
 // settle waits until the queue holds n items: adds reach it through a
-// buffer.
+// buffer, and an add After a delay once the delay passed. The tests run in
+// a synctest bubble: time moves on only when every goroutine of the queue
+// is blocked, so a sleep here waits for the queue, not for the clock.
 func settle(t *testing.T, q *agingQueue, n int) {
 	t.Helper()
 	for range 1000 {
+		synctest.Wait()
 		if q.Len() == n {
 			return
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // fake time: the next delay due
 	}
 	t.Fatalf("the queue holds %d items, want %d", q.Len(), n)
 }
@@ -61,79 +65,85 @@ func take(q *agingQueue) (string, int) {
 }
 
 func TestAgingQueueLiveChangesFirst(t *testing.T) {
-	q, started := newTestQueue(t, time.Hour)
-	addLow(q, "catch-up-1", "catch-up-2")
-	q.Add(req("live"))
-	settle(t, q, 3)
-	if *started != 0 {
-		t.Fatal("the start was told before a worker asked")
-	}
-	var got []string
-	for range 3 {
-		name, _ := take(q)
-		got = append(got, name)
-	}
-	if want := "[live catch-up-1 catch-up-2]"; fmt.Sprint(got) != want {
-		t.Errorf("taken %v, want %s", got, want)
-	}
-	if *started != 1 {
-		t.Errorf("the start was told %d times, want once", *started)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		q, started := newTestQueue(t, time.Hour)
+		addLow(q, "catch-up-1", "catch-up-2")
+		q.Add(req("live"))
+		settle(t, q, 3)
+		if *started != 0 {
+			t.Fatal("the start was told before a worker asked")
+		}
+		var got []string
+		for range 3 {
+			name, _ := take(q)
+			got = append(got, name)
+		}
+		if want := "[live catch-up-1 catch-up-2]"; fmt.Sprint(got) != want {
+			t.Errorf("taken %v, want %s", got, want)
+		}
+		if *started != 1 {
+			t.Errorf("the start was told %d times, want once", *started)
+		}
+	})
 }
 
 // TestAgingQueueRaisesAStarvedCatchUp: live changes keep every worker
 // busy (one is always queued when a worker asks). Without aging the
 // catch-up would never come out (controller-runtime#3496).
 func TestAgingQueueRaisesAStarvedCatchUp(t *testing.T) {
-	const maxWait = 50 * time.Millisecond
-	q, _ := newTestQueue(t, maxWait)
-	catchUp := []string{"c1", "c2", "c3", "c4", "c5"}
-	addLow(q, catchUp...)
-	settle(t, q, len(catchUp))
-	var got []string
-	var priorities []int
-	for i := 0; len(got) < len(catchUp); i++ {
-		if i > 2000 {
-			t.Fatalf("after %d live changes the catch-up is still waiting (taken %v)", i, got)
+	synctest.Test(t, func(t *testing.T) {
+		const maxWait = 50 * time.Millisecond
+		q, _ := newTestQueue(t, maxWait)
+		catchUp := []string{"c1", "c2", "c3", "c4", "c5"}
+		addLow(q, catchUp...)
+		settle(t, q, len(catchUp))
+		var got []string
+		var priorities []int
+		for i := 0; len(got) < len(catchUp); i++ {
+			if i > 2000 {
+				t.Fatalf("after %d live changes the catch-up is still waiting (taken %v)", i, got)
+			}
+			q.Add(req(fmt.Sprint("live-", i)))
+			q.Len()                      // flushes the add
+			time.Sleep(time.Millisecond) // fake time: live changes a millisecond apart
+			name, priority := take(q)
+			if name[0] == 'c' {
+				got = append(got, name)
+				priorities = append(priorities, priority)
+			} else if len(got) > 0 {
+				t.Fatalf("live change %s went between the raised catch-up's Students (%v)", name, got)
+			}
 		}
-		q.Add(req(fmt.Sprint("live-", i)))
-		q.Len() // flushes the add
-		time.Sleep(time.Millisecond)
-		name, priority := take(q)
-		if name[0] == 'c' {
-			got = append(got, name)
-			priorities = append(priorities, priority)
-		} else if len(got) > 0 {
-			t.Fatalf("live change %s went between the raised catch-up's Students (%v)", name, got)
+		if fmt.Sprint(got) != fmt.Sprint(catchUp) {
+			t.Errorf("the catch-up came out as %v, want the order it was queued in: %v", got, catchUp)
 		}
-	}
-	if fmt.Sprint(got) != fmt.Sprint(catchUp) {
-		t.Errorf("the catch-up came out as %v, want the order it was queued in: %v", got, catchUp)
-	}
-	for i, p := range priorities {
-		if p != 0 {
-			t.Errorf("%s came out at priority %d, want raised to 0", got[i], p)
+		for i, p := range priorities {
+			if p != 0 {
+				t.Errorf("%s came out at priority %d, want raised to 0", got[i], p)
+			}
 		}
-	}
+	})
 }
 
 // TestAgingQueueLeavesAProgressingCatchUpLow: while workers take the
 // catch-up's Students, it stays below live changes.
 func TestAgingQueueLeavesAProgressingCatchUpLow(t *testing.T) {
-	const maxWait = 300 * time.Millisecond
-	q, _ := newTestQueue(t, maxWait)
-	names := make([]string, 8)
-	for i := range names {
-		names[i] = fmt.Sprint("c", i)
-	}
-	addLow(q, names...)
-	settle(t, q, len(names))
-	for range names {
-		time.Sleep(maxWait / 3)
-		if name, priority := take(q); priority != handler.LowPriority {
-			t.Fatalf("%s came out at priority %d while the catch-up progressed every %s; want it left at %d", name, priority, maxWait/3, handler.LowPriority)
+	synctest.Test(t, func(t *testing.T) {
+		const maxWait = 300 * time.Millisecond
+		q, _ := newTestQueue(t, maxWait)
+		names := make([]string, 8)
+		for i := range names {
+			names[i] = fmt.Sprint("c", i)
 		}
-	}
+		addLow(q, names...)
+		settle(t, q, len(names))
+		for range names {
+			time.Sleep(maxWait / 3) // fake time: a worker takes one every maxWait/3
+			if name, priority := take(q); priority != handler.LowPriority {
+				t.Fatalf("%s came out at priority %d while the catch-up progressed every %s; want it left at %d", name, priority, maxWait/3, handler.LowPriority)
+			}
+		}
+	})
 }
 
 // TestAgingQueueRetryIsNotLow: a Student of a catch-up queued again after
@@ -141,18 +151,20 @@ func TestAgingQueueLeavesAProgressingCatchUpLow(t *testing.T) {
 // the default priority, and the aging never raises it early (which would
 // cut its backoff short).
 func TestAgingQueueRetryIsNotLow(t *testing.T) {
-	q, _ := newTestQueue(t, time.Hour)
-	q.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(handler.LowPriority), After: time.Millisecond}, req("delayed"))
-	q.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(handler.LowPriority), RateLimited: true}, req("rate-limited"))
-	settle(t, q, 2)
-	for range 2 {
-		if name, priority := take(q); priority != 0 {
-			t.Errorf("the retry %s came out at priority %d, want 0", name, priority)
+	synctest.Test(t, func(t *testing.T) {
+		q, _ := newTestQueue(t, time.Hour)
+		q.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(handler.LowPriority), After: time.Millisecond}, req("delayed"))
+		q.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(handler.LowPriority), RateLimited: true}, req("rate-limited"))
+		settle(t, q, 2)
+		for range 2 {
+			if name, priority := take(q); priority != 0 {
+				t.Errorf("the retry %s came out at priority %d, want 0", name, priority)
+			}
 		}
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if len(q.low) != 0 {
-		t.Errorf("the aging holds %d retries to raise, want none", len(q.low))
-	}
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if len(q.low) != 0 {
+			t.Errorf("the aging holds %d retries to raise, want none", len(q.low))
+		}
+	})
 }
