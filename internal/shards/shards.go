@@ -14,10 +14,12 @@
 package shards
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -127,6 +129,7 @@ type Manager struct {
 	idle     *sync.Cond
 	owned    []bool
 	inflight []int
+	stopping bool // releaseAll began: no new work
 
 	renewed time.Time // the member Lease's last successful renewal
 	// member is the member Lease as this replica last wrote it: the next
@@ -158,13 +161,13 @@ func (m *Manager) Owns(key types.NamespacedName) bool {
 	return m.owned[m.Shard(key)]
 }
 
-// Begin marks work on key in flight, if this replica holds its shard; done
-// ends it. A shard is given up only once its work in flight ended.
+// Begin marks work on key in flight, if this replica holds its shard and
+// is not stopping; done ends it. A shard is given up only once its work in flight ended.
 func (m *Manager) Begin(key types.NamespacedName) (done func(), ok bool) {
 	n := m.Shard(key)
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !m.owned[n] {
+	if !m.owned[n] || m.stopping {
 		return nil, false
 	}
 	m.inflight[n]++
@@ -473,8 +476,15 @@ func (m *Manager) renewMember(ctx context.Context, now time.Time) error {
 func (m *Manager) releaseAll() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	// No new work for any shard from now on, and the shards without work
+	// in flight first: the others take them while that work ends.
+	m.mu.Lock()
+	held := m.heldLocked()
+	m.stopping = true
+	slices.SortFunc(held, func(a, b int) int { return cmp.Or(cmp.Compare(m.inflight[a], m.inflight[b]), cmp.Compare(a, b)) })
+	m.mu.Unlock()
 	var errs []error
-	for _, n := range m.Held() {
+	for _, n := range held {
 		m.giveUp(n, "released")
 		var fresh coordinationv1.Lease
 		if err := m.o.Client.Get(ctx, client.ObjectKey{Namespace: m.o.Namespace, Name: m.shardLease(n)}, &fresh); err == nil && holder(&fresh) == m.o.Identity {

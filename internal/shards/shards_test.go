@@ -227,9 +227,24 @@ func TestIdleWritesOneLeasePerReplica(t *testing.T) {
 		startReplica(t, name, "c", 16, withClient(c), timing),
 	}
 	waitShares(t, rs, 16, [2]int{5, 6}, [2]int{5, 6}, [2]int{5, 6})
-	time.Sleep(time.Second) // the last handovers' writes are done
+	// A replica's steps run one after another: once each has renewed its
+	// member Lease (a step's first write) after the shares settled, the
+	// writes of the handovers before are done.
+	settled := time.Now()
+	stacktest.WaitFor(t, "every replica renewed after the shares settled", func() error {
+		for _, id := range []string{"a", "b", "c"} {
+			var l coordinationv1.Lease
+			if err := st.Client.Get(context.Background(), client.ObjectKey{Namespace: "default", Name: name + "-member-" + id}, &l); err != nil {
+				return err
+			}
+			if l.Spec.RenewTime == nil || !l.Spec.RenewTime.After(settled) {
+				return fmt.Errorf("%s last renewed at %v", id, l.Spec.RenewTime)
+			}
+		}
+		return nil
+	})
 	before, gets, t0 := c.writes.Load(), c.gets.Load(), time.Now()
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // the window the writes at rest are counted in
 	writes, elapsed := c.writes.Load()-before, time.Since(t0)
 	if gets := c.gets.Load() - gets; gets != 0 {
 		t.Errorf("%d Leases read one by one at rest, want none (a renewal needs no read)", gets)
@@ -308,7 +323,27 @@ func TestGiveUpWaitsForWorkInFlight(t *testing.T) {
 	stopped := make(chan struct{})
 	go func() { a.stop(); close(stopped) }()
 	lease := fmt.Sprintf("%s-shard-%d", name, a.m.Shard(key))
-	time.Sleep(time.Second)
+	// The stop has begun once Begin refuses new work; it releases the
+	// shard with nothing in flight first, then waits for the reconcile in
+	// flight before it gives up the other.
+	other := types.NamespacedName{Namespace: "ns", Name: "other"}
+	for a.m.Shard(other) == a.m.Shard(key) {
+		other.Name += "x"
+	}
+	otherLease := fmt.Sprintf("%s-shard-%d", name, a.m.Shard(other))
+	stacktest.WaitFor(t, "a giving the shard up", func() error {
+		if done, ok := a.m.Begin(key); ok {
+			done()
+			return errors.New("a still begins work for the shard")
+		}
+		return nil
+	})
+	stacktest.WaitFor(t, "a's other shard released", func() error {
+		if h := leaseHolder(t, otherLease); h != "" {
+			return fmt.Errorf("its Lease names %q", h)
+		}
+		return nil
+	})
 	select {
 	case <-stopped:
 		t.Fatal("a stopped while a reconcile of its shard was in flight")
@@ -316,9 +351,6 @@ func TestGiveUpWaitsForWorkInFlight(t *testing.T) {
 	}
 	if h := leaseHolder(t, lease); h != "a" {
 		t.Fatalf("while a reconcile is in flight the shard's Lease names %q, want a", h)
-	}
-	if _, ok := a.m.Begin(key); ok {
-		t.Error("a giving the shard up still began new work for it")
 	}
 	done()
 	select {
@@ -362,7 +394,7 @@ func TestCutOffReplicaGivesUpItsShards(t *testing.T) {
 		if took.IsZero() && len(b.m.Held()) > 2 {
 			took = now
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the sampling interval of the times measured
 	}
 	if gaveUp.IsZero() || took.IsZero() {
 		t.Fatalf("20 s after the cut: a holds %v, b %v", a.m.Held(), b.m.Held())
