@@ -42,6 +42,11 @@ var (
 		Help:    "Time from the start of a publish to the broker's acknowledgement (or failure), by CloudEvent type.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 	}, []string{"type"})
+
+	otherShardChanges = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "student_bridge_other_shard_changes_total",
+		Help: "Changes of Students whose shard another replica holds, seen by the watch and dropped before the work queue (with shards). The cache keeps them for a handover.",
+	})
 )
 
 var registerOnce sync.Once
@@ -57,7 +62,7 @@ func RegisterMetrics() {
 	statusview.RegisterMetrics()
 	registerOnce.Do(func() {
 		metrics.Registry.MustRegister(eventsPublished, publishErrors, publishLatency,
-			serviceStudents,
+			serviceStudents, otherShardChanges,
 			catchUpPending, catchUpDuration, publishingSince)
 		for _, typ := range []string{studentv1.EventTypeCreated, studentv1.EventTypeUpdated, studentv1.EventTypeDeleted, studentv1.EventTypeSnapshot} {
 			for _, result := range []string{resultSuccess, resultDuplicate, resultError} {

@@ -908,7 +908,11 @@ func (r *StudentReconciler) predicates() []predicate.Predicate {
 // Students are queued from the cache once it is held.
 func (r *StudentReconciler) ours() predicate.Predicate {
 	return predicate.NewPredicateFuncs(func(o client.Object) bool {
-		return r.shards.Owns(client.ObjectKeyFromObject(o))
+		if r.shards.Owns(client.ObjectKeyFromObject(o)) {
+			return true
+		}
+		otherShardChanges.Inc()
+		return false
 	})
 }
 
