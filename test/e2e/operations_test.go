@@ -276,6 +276,8 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 type freezingProxy struct {
 	addr   string
 	frozen atomic.Bool
+	// closed is closed at the test's end: a frozen link holds until then.
+	closed chan struct{}
 	// sentFrozen counts the bytes the client sent while frozen.
 	sentFrozen atomic.Int64
 }
@@ -286,8 +288,8 @@ func newFreezingProxy(t *testing.T, target string) *freezingProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close() })
-	p := &freezingProxy{addr: l.Addr().String()}
+	p := &freezingProxy{addr: l.Addr().String(), closed: make(chan struct{})}
+	t.Cleanup(func() { close(p.closed); l.Close() })
 	go func() {
 		for {
 			c, err := l.Accept()
@@ -321,8 +323,8 @@ func newFreezingProxy(t *testing.T, target string) *freezingProxy {
 				buf := make([]byte, 32*1024)
 				for {
 					n, err := s.Read(buf)
-					for p.frozen.Load() {
-						time.Sleep(10 * time.Millisecond)
+					if p.frozen.Load() {
+						<-p.closed
 					}
 					if n > 0 {
 						if _, werr := c.Write(buf[:n]); werr != nil {

@@ -334,7 +334,8 @@ func TestShardsReplicaCutOffFromAPIServer(t *testing.T) {
 	}
 	shardArgs := []string{"--shards=16", "--leader-election-namespace=default",
 		"--leader-election-lease-duration=4s", "--leader-election-renew-deadline=3s", "--leader-election-retry-period=1s"}
-	start(t, t.TempDir(), w.bridgeArgs(cutKubeconfig, shardArgs...)...)
+	cutMetrics := fmt.Sprintf("127.0.0.1:%d", stacktest.FreePorts(t, 1))
+	start(t, t.TempDir(), w.bridgeArgs(cutKubeconfig, append(shardArgs, "--metrics-bind-address", cutMetrics)...)...)
 	for range 2 {
 		start(t, t.TempDir(), w.bridgeArgs(w.admin, shardArgs...)...)
 	}
@@ -356,11 +357,39 @@ func TestShardsReplicaCutOffFromAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	acquired := scrape(t, cutMetrics)[`student_bridge_shard_handovers_total{kind="acquired"}`]
 	link.Heal()
 	waitShares(t, w, 3, 5, 6)
-	// Its share back, the replica has reconciled its shards' Students from
-	// the relisted cache: give it a moment to publish anything it would.
-	time.Sleep(3 * time.Second)
+	// Its share back, the replica has loaded its shards' records and
+	// queued what its relisted cache says needs a reconcile. Once its own
+	// account of those shards has nothing unpublished, and its queue and
+	// workers are idle, anything it would publish has been published.
+	stacktest.WaitFor(t, "the healed replica idle with nothing unpublished", func() error {
+		m := scrape(t, cutMetrics)
+		if got := m[`student_bridge_shard_handovers_total{kind="acquired"}`] - acquired; got < 5 {
+			return fmt.Errorf("it acquired %v shards since the cut healed, want at least 5", got)
+		}
+		busy := map[string]float64{}
+		for series, v := range m {
+			for _, name := range []string{"student_bridge_shard_unpublished", "workqueue_depth", "controller_runtime_active_workers", "student_bridge_catch_up_students"} {
+				if strings.HasPrefix(series, name+"{") || series == name {
+					busy[name] += v
+				}
+			}
+		}
+		for name, v := range busy {
+			if v != 0 {
+				return fmt.Errorf("%s = %v", name, v)
+			}
+		}
+		if len(busy) < 3 {
+			return fmt.Errorf("the metrics name %d of unpublished, queue depth, active workers and catch-up: %v", len(busy), busy)
+		}
+		return nil
+	})
+	if err := w.nc.Flush(); err != nil { // what the server sent the subscriber before now is in
+		t.Fatal(err)
+	}
 	got, err := sub.Events()
 	if err != nil {
 		t.Fatal(err)
