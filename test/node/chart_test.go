@@ -101,7 +101,7 @@ func TestHelmUpgradeUnderLoad(t *testing.T) {
 
 	nc := connectNATS(t, natsURL(t, "consumer", s.consumer))
 	l := startLoad(t, nc, loadRate, true)
-	time.Sleep(5 * time.Second)
+	l.waitChanges(t, 5*loadRate) // the load under way
 	helm(t, "upgrade", "student-bridge", "deploy/helm/student-bridge", "-n", systemNS,
 		"--set", "verify.schedule=17 * * * *", "--set", "verify.settle=5s", "--set", "verify.natsAuth.secretName=student-bridge-nats")
 	took = waitPods(t, "student-bridge", 3, func([]corev1.Pod) error {

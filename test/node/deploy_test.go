@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -376,19 +377,38 @@ func checkBuildInfo(t *testing.T) {
 	t.Helper()
 	want := fmt.Sprintf(`student_bridge_build_info{commit=%q,goversion=%q,version=%q} 1`, imageCommit(t), runtime.Version(), version.Version)
 	for _, p := range podsOf(t, "student-bridge") {
-		resp, err := http.Get("http://" + p.Status.PodIP + ":8080/metrics")
-		if err != nil {
+		if b, err := podMetrics(&p); err != nil {
 			t.Fatal(err)
-		}
-		b, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.Contains(string(b), want) {
+		} else if !strings.Contains(b, want) {
 			t.Errorf("pod %s's metrics lack %s", p.Name, want)
 		}
 	}
+}
+
+// podMetrics reads a bridge pod's metrics port.
+func podMetrics(p *corev1.Pod) (string, error) {
+	resp, err := http.Get("http://" + p.Status.PodIP + ":8080/metrics")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// podCounter is the value of one series (name{labels} as exposed) of a
+// bridge pod's metrics.
+func podCounter(p *corev1.Pod, series string) (float64, error) {
+	b, err := podMetrics(p)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(b, "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	return 0, fmt.Errorf("pod %s exports no %s", p.Name, series)
 }
 
 // imageCommit is the commit the image's label names, the one make put in

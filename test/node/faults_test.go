@@ -273,7 +273,7 @@ func TestFaultsUnderLoad(t *testing.T) {
 	for _, f := range faults {
 		t.Run(f.name, func(t *testing.T) {
 			l := startLoad(t, nc, loadRate, false)
-			time.Sleep(3 * time.Second)
+			l.waitChanges(t, 3*loadRate) // the load under way
 			wait := f.do(t)
 			ready := wait()
 			l.finishClean(t, s, f.name+": Ready again", ready)

@@ -50,6 +50,8 @@ type load struct {
 	acrossUpgrade bool
 	// skipped counts the changes due while every one was in flight.
 	skipped int
+	// made counts the changes made.
+	made int
 	// slowestWrite is the longest a change's requests took to return: the
 	// API server's delay, which the bridge's own requests (its Lease
 	// renewals and takeovers among them) meet too.
@@ -238,6 +240,7 @@ func (l *load) change() error {
 	defer l.mu.Unlock()
 	l.slowestWrite = max(l.slowestWrite, at.Sub(start))
 	l.writes[name] = append(l.writes[name], write{gen: gen, at: at})
+	l.made++
 	if op == "create" {
 		l.live = append(l.live, name)
 	}
@@ -333,8 +336,28 @@ func (l *load) finish(t *testing.T, timeout time.Duration) result {
 	return r
 }
 
-// finishClean lets the load run 3 s more after what (a fault, an upgrade)
-// was over in took, then stops it and fails t unless every change reached
+// waitChanges waits until the load has made n more changes: seconds of
+// it, counted in what it made rather than in time.
+func (l *load) waitChanges(t *testing.T, n int) {
+	t.Helper()
+	l.mu.Lock()
+	until := l.made + n
+	l.mu.Unlock()
+	err := stacktest.Eventually(2*time.Minute, func() error {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.made < until {
+			return fmt.Errorf("%d of %d more changes made", n-(until-l.made), n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// finishClean lets the load make 3 s of changes more after what (a fault,
+// an upgrade) was over in took, then stops it and fails t unless every change reached
 // the stream at 50 changes a second or more, none waited past maxWait and
 // the API server's own delay, and verify finds nothing. The delay counts
 // because the bridge cannot beat the API server: its Lease renewals and
@@ -342,7 +365,7 @@ func (l *load) finish(t *testing.T, timeout time.Duration) result {
 // CPUs a write took over 10 s).
 func (l *load) finishClean(t *testing.T, s secrets, what string, took time.Duration) {
 	t.Helper()
-	time.Sleep(3 * time.Second)
+	l.waitChanges(t, 3*l.rate)
 	r := l.finish(t, 3*time.Minute)
 	verifyClean(t, s)
 	t.Logf("%s in %.1fs; %d changes at %.0f/s (%d skipped), the longest wait for an event %.2fs (slowest: %v), the slowest write %.2fs",

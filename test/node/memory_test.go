@@ -127,8 +127,30 @@ func TestMemoryLimitHolds10000Students(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d Students created and published in %.1fs", manyStudents, time.Since(start).Seconds())
-	// Let the replicas settle: status writes and Events drain on budgets.
-	time.Sleep(10 * time.Second)
+	// Every Student published, the replicas drain their status writes on
+	// status.qps, holding every Student: watch each write ten more.
+	const statusWrites = `student_bridge_status_writes_total{result="success"}`
+	drained := map[string]float64{}
+	for _, p := range podsOf(t, "student-bridge") {
+		if drained[p.Name], err = podCounter(&p, statusWrites); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = stacktest.Eventually(2*time.Minute, func() error {
+		for _, p := range podsOf(t, "student-bridge") {
+			v, err := podCounter(&p, statusWrites)
+			if err != nil {
+				return err
+			}
+			if v < drained[p.Name]+10 {
+				return fmt.Errorf("pod %s wrote %v statuses since every Student was published, want 10", p.Name, v-drained[p.Name])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, p := range podsOf(t, "student-bridge") {
 		cs := p.Status.ContainerStatuses[0]
 		if restarts(&p) != restartsBefore[p.Name] {

@@ -33,6 +33,7 @@ import (
 
 	"github.com/student-bridge/student-bridge/internal/scheme"
 	"github.com/student-bridge/student-bridge/internal/stack"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
 // The node's networks. They never leave the machine: the bridge has no
@@ -416,7 +417,7 @@ state = %[2]q
 	if err := n.start("containerd", []string{"PATH=" + n.bin + ":/usr/sbin:/usr/bin:/sbin:/bin"}, "--config", confPath); err != nil {
 		return err
 	}
-	if err := waitFor(30*time.Second, func() error { _, err := os.Stat(n.containerdSock()); return err }); err != nil {
+	if err := stacktest.Eventually(30*time.Second, func() error { _, err := os.Stat(n.containerdSock()); return err }); err != nil {
 		return err
 	}
 	for _, img := range []string{"pause", "nats", "student-bridge", "student-bridge-previous"} {
@@ -487,7 +488,7 @@ podCIDR: %[6]s
 		"--root-dir="+filepath.Join(d, "root"), "--cert-dir="+filepath.Join(d, "pki"), "--hostname-override="+nodeName, "--node-ip="+nodeIP, "--v=1"); err != nil {
 		return err
 	}
-	return waitFor(90*time.Second, func() error {
+	return stacktest.Eventually(90*time.Second, func() error {
 		var nd corev1.Node
 		if err := n.c.Get(context.Background(), client.ObjectKey{Name: nodeName}, &nd); err != nil {
 			return err
@@ -514,7 +515,7 @@ func (n *node) startKubeProxy() error {
 		fmt.Sprintf("--healthz-bind-address=127.0.0.1:%d", ports[0]), fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", ports[1])); err != nil {
 		return err
 	}
-	return waitFor(30*time.Second, func() error {
+	return stacktest.Eventually(30*time.Second, func() error {
 		_, err := run("iptables", "-w", "-t", "nat", "-S", "KUBE-SERVICES")
 		return err
 	})
@@ -550,7 +551,7 @@ func (n *node) startCoreDNS() error {
 	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, network, nodeIP+":53")
 	}}
-	return waitFor(30*time.Second, func() error {
+	return stacktest.Eventually(30*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		addrs, err := r.LookupHost(ctx, "kubernetes.default.svc."+clusterDomain)
@@ -710,7 +711,7 @@ func cleanupStale() {
 func killProcsUnder(dirs []string) {
 	entries, _ := os.ReadDir("/proc")
 	self := fmt.Sprint(os.Getpid())
-	killed := false
+	var killed []int
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || e.Name() == self {
@@ -724,12 +725,20 @@ func killProcsUnder(dirs []string) {
 		}
 		if kill {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
-			killed = true
+			killed = append(killed, pid)
 		}
 	}
-	if killed {
-		time.Sleep(time.Second)
-	}
+	// Gone, or dead and waiting to be reaped (a zombie holds no mount),
+	// before their mounts are detached.
+	_ = stacktest.Eventually(10*time.Second, func() error {
+		for _, pid := range killed {
+			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			if i := bytes.LastIndexByte(stat, ')'); err == nil && i > 0 && i+2 < len(stat) && stat[i+2] != 'Z' {
+				return fmt.Errorf("process %d still runs", pid)
+			}
+		}
+		return nil
+	})
 }
 
 // unmountUnder detaches every mount below dirs, the deepest first.
@@ -814,21 +823,6 @@ func (n *node) printLogs(w *os.File) {
 		}
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 		fmt.Fprintf(w, "--- %s (last %d lines)\n%s\n", name, min(len(lines), 30), strings.Join(lines[max(0, len(lines)-30):], "\n"))
-	}
-}
-
-// waitFor polls f until it returns nil or timeout passes.
-func waitFor(timeout time.Duration, f func() error) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("after %s: %w", timeout, err)
-		}
-		time.Sleep(200 * time.Millisecond)
 	}
 }
 
