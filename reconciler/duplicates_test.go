@@ -96,7 +96,7 @@ func TestCrashBeforeTheRecordRepublishes(t *testing.T) {
 			}
 			acks.after = nil
 			// The next bridge: the records as the store holds them.
-			time.Sleep(tc.downFor)
+			time.Sleep(tc.downFor) // the time the bridge is down is what the case varies
 			f.store.Fail(nil)
 			crashing.stop = false
 			restart()

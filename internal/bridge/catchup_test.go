@@ -72,7 +72,7 @@ func TestCatchUpUnderLoad(t *testing.T) {
 				return
 			}
 			changes.Add(1)
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(5 * time.Millisecond) // the load's pace
 		}
 		loadDone <- nil
 	}()

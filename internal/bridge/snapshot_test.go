@@ -212,7 +212,7 @@ func TestSnapshotFloodIsCoalesced(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Until(next))
+	time.Sleep(time.Until(next)) // snapshot.minInterval must pass: the reply said when
 	if r := request(""); r.Coalesced || r.Run == replies[0].Run {
 		t.Errorf("a request after the interval was answered by the old run: %+v", r)
 	}

@@ -125,7 +125,7 @@ func TestMoverCountsWritesNotReads(t *testing.T) {
 		if _, err := kv.Get(ctx, "none"); !errors.Is(err, sink.ErrNotFound) {
 			t.Fatalf("get of a key never written: %v", err)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // reads every 20 ms while no write succeeds for `after`
 	}
 	err = mover.Observe(failed)
 	if !errors.Is(err, sink.ErrUnavailable) || !strings.Contains(err.Error(), "moving to another server") {

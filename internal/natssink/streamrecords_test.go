@@ -181,7 +181,7 @@ func commitTogether(t *testing.T, nc *nats.Conn, replicas int) {
 
 	// Past max age the events are gone, and so is the removed record's
 	// marker; the records stay.
-	time.Sleep(maxAge + time.Second)
+	time.Sleep(maxAge + time.Second) // the age must pass for the records to outlive it
 	if n := msgs(); n != 2 {
 		t.Errorf("past max age the stream holds %d messages, want 2 (the records)", n)
 	}

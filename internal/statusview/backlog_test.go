@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -43,23 +44,33 @@ func TestBacklogOnceEachInOrder(t *testing.T) {
 }
 
 // TestBacklogWaitsForAKey: next waits for an add, and lets go on ctx.
+// synctest.Wait returns once next is blocked waiting, so the add is the
+// one that wakes it.
 func TestBacklogWaitsForAKey(t *testing.T) {
-	b := newBacklog()
-	got := make(chan types.NamespacedName)
-	go func() {
-		k, _, _ := b.next(context.Background())
-		got <- k
-	}()
-	time.Sleep(10 * time.Millisecond)
-	b.add(key(7), time.Now())
-	select {
-	case k := <-got:
-		if k != key(7) {
-			t.Fatalf("took %v, want %v", k, key(7))
+	synctest.Test(t, func(t *testing.T) {
+		b := newBacklog()
+		got := make(chan types.NamespacedName, 1)
+		go func() {
+			k, _, _ := b.next(context.Background())
+			got <- k
+		}()
+		synctest.Wait()
+		select {
+		case k := <-got:
+			t.Fatalf("next gave %v from an empty backlog", k)
+		default:
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("next did not wake up for an add")
-	}
+		b.add(key(7), time.Now())
+		synctest.Wait()
+		select {
+		case k := <-got:
+			if k != key(7) {
+				t.Fatalf("took %v, want %v", k, key(7))
+			}
+		default:
+			t.Fatal("next did not wake up for an add")
+		}
+	})
 }
 
 // TestBacklogLetsGoOfADrainedRestart: what a restart queued (every

@@ -99,7 +99,7 @@ func TestStatusStageFromAsked(t *testing.T) {
 
 	const behind = 500 * time.Millisecond
 	w.Enqueue(types.NamespacedName{Namespace: ns, Name: "waits"})
-	time.Sleep(behind)
+	time.Sleep(behind) // the time asked before the writer runs, which the stage must include
 	start(t, w)
 	stacktest.WaitFor(t, "the status written", func() error {
 		var got studentv1.Student

@@ -77,9 +77,10 @@ func (f *fixture) publish(t *testing.T, typ, name, school string) {
 func (f *fixture) history(t *testing.T) time.Time {
 	f.publish(t, studentv1.EventTypeCreated, "a", "s1")
 	f.publish(t, studentv1.EventTypeCreated, "b", "s1")
-	time.Sleep(50 * time.Millisecond)
+	// The server stamps each event: mid must fall between two stamps.
+	time.Sleep(50 * time.Millisecond) // the server's clock moves past the second event
 	mid := time.Now()
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(50 * time.Millisecond) // and past mid before the third
 	f.publish(t, studentv1.EventTypeUpdated, "a", "s2")
 	f.publish(t, studentv1.EventTypeCreated, "c", "s1")
 	f.publish(t, studentv1.EventTypeDeleted, "b", "s1")
