@@ -39,6 +39,11 @@ func TestClassify(t *testing.T) {
 		{"a wrong expected stream", apiErr(10060, 400, "expected stream does not match"), sink.ErrRejected},
 		{"too large for the server", nats.ErrMaxPayload, sink.ErrTooLarge},
 		{"a closed connection", nats.ErrConnectionClosed, sink.ErrClosed},
+		// Answered while the connection was down, classified once it is
+		// back: the error alone must say so.
+		{"a disconnect, reconnected since", nats.ErrDisconnected, sink.ErrNotConnected},
+		{"a reconnect under way, reconnected since", nats.ErrConnectionReconnecting, sink.ErrNotConnected},
+		{"the reconnect buffer full, reconnected since", nats.ErrReconnectBufExceeded, sink.ErrNotConnected},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := p.Classify("student.created", tc.err); !errors.Is(got, tc.want) {

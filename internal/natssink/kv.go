@@ -345,7 +345,7 @@ func (s *KV) classify(op string, err error) error {
 		return fmt.Errorf("%w: %s: %w", sink.ErrRejected, op, err)
 	case errors.Is(err, nats.ErrConnectionClosed):
 		return fmt.Errorf("%w: %s: %w", sink.ErrClosed, op, err)
-	case !s.nc.IsConnected():
+	case !s.nc.IsConnected(), disconnected(err):
 		return fmt.Errorf("%w: %s: %w", sink.ErrNotConnected, op, err)
 	case noAnswer(err):
 		// The bucket's stream exists (it was made or found at the start):

@@ -231,12 +231,18 @@ func (p *Publisher) classifyAnswered(subject string, err error) (answered bool, 
 		return true, fmt.Errorf("%w: publish %s: %w", sink.ErrRejected, subject, err)
 	case errors.Is(err, nats.ErrConnectionClosed):
 		return true, fmt.Errorf("%w: publish %s: %w", sink.ErrClosed, subject, err)
-	case !p.nc.IsConnected(), errors.Is(err, nats.ErrReconnectBufExceeded), errors.Is(err, nats.ErrConnectionReconnecting):
+	case !p.nc.IsConnected(), disconnected(err):
 		return true, fmt.Errorf("%w: publish %s: %w", sink.ErrNotConnected, subject, err)
 	case p.js != nil && noAnswer(err):
 		return false, nil
 	}
 	return true, fmt.Errorf("publish %s: %w", subject, err)
+}
+
+// disconnected reports whether err says the connection was down when the
+// request went out: it may be back by the time the error is read.
+func disconnected(err error) bool {
+	return errors.Is(err, nats.ErrDisconnected) || errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrReconnectBufExceeded)
 }
 
 // noAnswer reports whether err says a JetStream request got no answer at
