@@ -132,3 +132,45 @@ func TestMoverCountsWritesNotReads(t *testing.T) {
 		t.Errorf("no write succeeded for %s, reads did: %v, want a move", after+100*time.Millisecond, err)
 	}
 }
+
+// TestDeleteMarkerRefusesAFirstWrite: a removed record leaves a delete
+// marker, and a write that thinks the key never had a record (revision 0:
+// a replica paused before its first reservation of a Student that another
+// one published, deleted and removed meanwhile) is refused while the
+// marker is there (docs/guarantees.md, "one chain"). Once the marker is
+// purged the key is new again.
+func TestDeleteMarkerRefusesAFirstWrite(t *testing.T) {
+	ctx := context.Background()
+	_, nc := server(t, nil)
+	kv, err := natssink.EnsureBucket(ctx, nc, natssink.BucketConfig{Name: "MARKER", Storage: "memory", Replicas: 1, Timeout: time.Second}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, err := kv.Put(ctx, "k", []byte("first"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "k", []byte("again"), 0); !errors.Is(err, sink.ErrConflict) {
+		t.Fatalf("a first write over a record: %v, want a conflict", err)
+	}
+	if err := kv.Delete(ctx, "k", rev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "k", []byte("late"), 0); !errors.Is(err, sink.ErrConflict) {
+		t.Fatalf("a first write over a delete marker: %v, want a conflict", err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := js.KeyValue(ctx, "MARKER")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := raw.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(-1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "k", []byte("new"), 0); err != nil {
+		t.Errorf("a first write once the marker was purged: %v", err)
+	}
+}
