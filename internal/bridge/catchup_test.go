@@ -24,8 +24,11 @@ import (
 
 // TestCatchUpUnderLoad: a restart's catch-up (the watch's initial list,
 // which controller-runtime queues below live changes) finishes while live
-// changes keep every worker busy, within queue.LowPriorityWait and a
-// few times the same catch-up with nothing else to do. The quiet Students
+// changes keep every worker busy: the load runs until it has. Without the
+// aging queue, which raises the catch-up once it waited
+// queue.LowPriorityWait, it would wait for the load to end. How long it
+// took is logged beside the same catch-up with nothing else to do, not
+// bounded: the machine's load decides it. The quiet Students
 // lose their finalizer while the bridge is down, so each needs a
 // reconcile (the finalizer back) and none a publish: they are queued only
 // by the initial list.
@@ -89,8 +92,7 @@ func TestCatchUpUnderLoad(t *testing.T) {
 	// priority: at most one per busy Student.
 	var deepest float64
 	started := time.Now()
-	bound := queue.LowPriorityWait + 4*idle + 5*time.Second
-	loaded := catchUpAfterStart(t, func() { stop = startBridge(t, cfg) }, bound+30*time.Second, func() {
+	loaded := catchUpAfterStart(t, func() { stop = startBridge(t, cfg) }, 3*time.Minute, func() {
 		if time.Since(started) < queue.LowPriorityWait {
 			deepest = max(deepest, gauge(t, "workqueue_depth", "priority", "0"))
 		}
@@ -99,12 +101,9 @@ func TestCatchUpUnderLoad(t *testing.T) {
 	if err := <-loadDone; err != nil {
 		t.Fatalf("the load: %v", err)
 	}
-	t.Logf("catch-up under %d live changes: %s (bound %s); live changes queued at most: %.0f", changes.Load(), loaded, bound, deepest)
+	t.Logf("catch-up under %d live changes: %s (with nothing else to do %s); live changes queued at most: %.0f", changes.Load(), loaded, idle, deepest)
 	if deepest < 5 {
 		t.Fatalf("the live changes did not keep the worker busy (at most %.0f queued): the test proves nothing", deepest)
-	}
-	if loaded > bound {
-		t.Errorf("catch-up under load took %s, more than LowPriorityWait + 4x the idle catch-up (%s) + 5s = %s", loaded, idle, bound)
 	}
 	stop()
 }
