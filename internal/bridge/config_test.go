@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -37,6 +39,61 @@ func runUntilError(t *testing.T, cfg *config.Config, timeout time.Duration) erro
 		t.Fatalf("the bridge still runs after %s", timeout)
 		return nil
 	}
+}
+
+// TestNotReadyWithoutItsStream: with nats.stream.create off and no stream,
+// the bridge is live but not ready (its nats check fails); once the
+// stream is made it is ready, and publishes (docs/operations.md: ready only
+// while NATS is connected and the stream is in place).
+func TestNotReadyWithoutItsStream(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "nostream")
+	cfg.NATS.Stream.Create = false
+	cfg.HealthAddr = fmt.Sprintf("127.0.0.1:%d", stacktest.FreePorts(t, 1))
+	startBridge(t, cfg)
+	get := func(path string) (int, string, error) {
+		resp, err := http.Get("http://" + cfg.HealthAddr + path + "?verbose")
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), err
+	}
+	// Live, and the stream setup has been tried (and refused) once.
+	stacktest.WaitFor(t, "live", func() error {
+		code, _, err := get("/healthz")
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("/healthz %d", code)
+		}
+		return err
+	})
+	stacktest.WaitFor(t, "not ready, for want of the stream", func() error {
+		code, body, err := get("/readyz")
+		if err == nil && (code == http.StatusOK || !strings.Contains(body, "[-]nats failed")) {
+			err = fmt.Errorf("/readyz %d: %s", code, body)
+		}
+		return err
+	})
+	js, err := jetstream.New(natsConn(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.NATS.Stream.Name, Subjects: []string{"nostream.>"}, Storage: jetstream.MemoryStorage, Duplicates: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	stacktest.WaitFor(t, "ready once the stream is there", func() error {
+		code, body, err := get("/readyz")
+		if err == nil && code != http.StatusOK {
+			err = fmt.Errorf("/readyz %d: %s", code, body)
+		}
+		return err
+	})
+	if err := st.Client.Create(ctx, newStudent(ns, "a", "wang", "china")); err != nil {
+		t.Fatal(err)
+	}
+	waitStream(t, natsConn(t), cfg.NATS.Stream.Name, 1)
 }
 
 // TestExistingStreamAndBucketNeverChanged: a stream the operator made with
