@@ -27,7 +27,8 @@ var docBlock = regexp.MustCompile(`(?s)(<!-- bench (\S+) (\S+) -->\n).*?(<!-- en
 // docKinds render a block of each kind from a run's results: the run
 // (when, where, the command), the load tables (without the results file's
 // title), the summary of the bridge and the references and the bridge's
-// ratios to them, the counts, the memory, restart and failover phases.
+// ratios to them, the counts, the Go benchmark of one change, the memory,
+// restart and failover phases.
 var docKinds = map[string]func(Results) (string, error){
 	"run":     func(res Results) (string, error) { return runLine(res), nil },
 	"load":    func(res Results) (string, error) { return strings.TrimPrefix(loadTables(res), loadTitle), nil },
@@ -38,6 +39,12 @@ var docKinds = map[string]func(Results) (string, error){
 			return "", fmt.Errorf("no counts in this run")
 		}
 		return countsTable(*res.Counts), nil
+	},
+	"onechange": func(res Results) (string, error) {
+		if res.OneChange == nil {
+			return "", fmt.Errorf("no Go benchmark in this run")
+		}
+		return goBenchTable(*res.OneChange), nil
 	},
 	"scale": func(res Results) (string, error) {
 		if res.Scale == nil {

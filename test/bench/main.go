@@ -101,6 +101,9 @@ type options struct {
 	// bisect narrows each variant's highest sustained rate to within 10%
 	// between the rates of the grid.
 	bisect bool
+	// goBench is how many times the Go benchmark of one change's path
+	// runs; 0 skips it.
+	goBench int
 }
 
 func main() {
@@ -126,6 +129,7 @@ func main() {
 	flag.BoolVar(&o.bisect, "bisect", true, "Narrow each variant's highest sustained rate to within 10% by bisection between the grid's rates.")
 	flag.DurationVar(&o.memorySettle, "memory-settle", 150*time.Second, "How long a restarted bridge's memory may take to settle (a garbage collection, then RSS within 1% for 10s) "+
 		"before steady memory is sampled anyway; past the Go runtime's forced collection every two minutes.")
+	flag.IntVar(&o.goBench, "go-bench", 5, "Runs of the Go benchmark of one change's path inside the bridge (reconciler "+goBenchName+", "+goBenchTime+" each), before everything else; 0 skips it.")
 	flag.DurationVar(&settleQuiet, "settle", 2*time.Second, "A run has settled when no event arrived for this long.")
 	flag.Parse()
 	if docs {
@@ -171,6 +175,15 @@ func ints(s string) []int {
 }
 
 func bench(ctx context.Context, o options, stdout io.Writer) error {
+	var oneChange *GoBench
+	if o.goBench > 0 {
+		g, err := goBench(o.goBench)
+		if err != nil {
+			return fmt.Errorf("the Go benchmark: %w", err)
+		}
+		oneChange = &g
+		fmt.Fprint(os.Stderr, goBenchTable(g))
+	}
 	st, err := stack.Start(stack.Options{})
 	if err != nil {
 		return err
@@ -235,8 +248,12 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	}
 
 	data := newResults(o, results)
+	data.OneChange = oneChange
 	var b strings.Builder
 	b.WriteString(loadTables(data))
+	if oneChange != nil {
+		b.WriteString("\n### One change inside the bridge\n\n" + goBenchTable(*oneChange))
+	}
 	if len(o.counts) > 0 {
 		c, err := counts(ctx, e, o.counts, o.idle)
 		if err != nil {
@@ -329,8 +346,10 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 	if err := writeResults(dataPath(o.out), data); err != nil {
 		return err
 	}
-	if err := latencyChart(filepath.Join(dir, "latency.svg"), o.rates, results); err != nil {
-		return err
+	if len(o.rates) > 0 { // a run without the load phase leaves the last one's chart
+		if err := latencyChart(filepath.Join(dir, "latency.svg"), o.rates, results); err != nil {
+			return err
+		}
 	}
 	if data.Scale != nil {
 		if err := memoryChart(filepath.Join(dir, "memory.svg"), *data.Scale); err != nil {

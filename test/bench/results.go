@@ -31,6 +31,8 @@ type Results struct {
 	Counts *Counts `json:"counts,omitempty"`
 	// Scale is the memory, restart and failover phases, if they ran.
 	Scale *Scale `json:"scale,omitempty"`
+	// OneChange is the Go benchmark of one change's path, if it ran.
+	OneChange *GoBench `json:"oneChange,omitempty"`
 }
 
 // Machine is what the run ran on.

@@ -1,0 +1,189 @@
+package reconciler_test
+
+import (
+	"context"
+	"fmt"
+	"runtime/metrics"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	dto "github.com/prometheus/client_model/go"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/natssink"
+	"github.com/student-bridge/student-bridge/internal/records"
+	"github.com/student-bridge/student-bridge/internal/stacktest"
+	"github.com/student-bridge/student-bridge/internal/stages"
+	"github.com/student-bridge/student-bridge/reconciler"
+)
+
+// BenchmarkOneChange is the path one change of a Student takes through the
+// reconciler as the bridge runs it: the Student read from the cache, its
+// event reserved in the record store, published to JetStream and
+// acknowledged, and its record written after the ack. The stream and the
+// bucket are on a real NATS server (file storage, as deployed); the cache
+// is the Student in memory, as the informer's cache serves it (a map
+// lookup and a deep copy), so the API server's watch is not in the
+// figure. Each iteration is one update of the Student's spec.
+//
+// Besides ns, B and allocs per change it reports each stage's mean time
+// per change (the stage histograms the bridge exports) and, per change,
+// the goroutines started and the process's context switches (the
+// kernel's count of its threads': a goroutine hand-off that parks a thread
+// and wakes another shows there). The NATS server runs in this process:
+// its allocations and context switches are in the figures too, as the
+// broker's share of the change.
+func BenchmarkOneChange(b *testing.B) {
+	ctx := context.Background()
+	ns := stacktest.Namespace(b, st.Client, "bench")
+	nc := stacktest.Connect(b, st.NATS.URL())
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	prefix := "bench" + ns[len("bench-"):]
+	cfg := natssink.StreamConfig{Name: "S_" + prefix, Subject: prefix + ".>", Duplicates: 2 * time.Minute, Storage: "file", Replicas: 1}
+	if _, err := natssink.EnsureStream(ctx, js, cfg, true); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = js.DeleteStream(ctx, cfg.Name) })
+	layout, err := natssink.NewSubjectLayout(prefix, "{prefix}.{op}")
+	if err != nil {
+		b.Fatal(err)
+	}
+	pub, err := natssink.NewPublisher(nc, natssink.Config{Layout: layout, Stream: cfg.Name})
+	if err != nil {
+		b.Fatal(err)
+	}
+	bucket := "R_" + prefix
+	store, err := natssink.EnsureBucket(ctx, nc, natssink.BucketConfig{Name: bucket, Storage: "file", Replicas: 1}, true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = js.DeleteKeyValue(ctx, bucket) })
+	recs := records.New()
+	if err := recs.Load(ctx, store); err != nil {
+		b.Fatal(err)
+	}
+
+	stu := &studentv1.Student{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "wang", Finalizers: []string{studentv1.Finalizer}},
+		Spec:       studentv1.StudentSpec{Name: "wang", School: "china"},
+	}
+	if err := st.Client.Create(ctx, stu); err != nil {
+		b.Fatal(err)
+	}
+	cache := &memCache{Client: st.Client, s: stu}
+	r, err := reconciler.New(reconciler.Deps{Client: cache, Sink: pub, Records: recs},
+		reconciler.Options{HoldWithFinalizer: true, Recorder: nopRecorder{}, Cluster: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := ctrl.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: stu.Name}}
+	change := func(i int) {
+		cache.mu.Lock()
+		cache.s.Generation++
+		cache.s.Spec.School = fmt.Sprint("school ", i)
+		cache.mu.Unlock()
+		if _, err := r.Reconcile(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+	change(0) // the created event: every iteration is an update
+
+	stagesBefore := stageSums(b)
+	goroutines, switches := goroutinesCreated(), contextSwitches()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		change(i + 1)
+	}
+	b.StopTimer()
+	n := float64(b.N)
+	b.ReportMetric(float64(goroutinesCreated()-goroutines)/n, "goroutines/op")
+	b.ReportMetric(float64(contextSwitches()-switches)/n, "ctxsw/op")
+	after := stageSums(b)
+	for _, s := range []string{stages.WriteAhead, stages.Publish, stages.Record} {
+		b.ReportMetric((after[s]-stagesBefore[s])*1e9/n, s+"-ns/op")
+	}
+	info, err := js.Stream(ctx, cfg.Name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if got := info.CachedInfo().State.Msgs; got < uint64(b.N)+1 {
+		b.Fatalf("the stream holds %d events after %d changes", got, b.N+1)
+	}
+}
+
+// memCache serves one Student from memory, as the informer's cache does;
+// everything else goes to the API server.
+type memCache struct {
+	client.Client
+	mu sync.Mutex
+	s  *studentv1.Student
+}
+
+func (c *memCache) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if s, ok := obj.(*studentv1.Student); ok {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if key == client.ObjectKeyFromObject(c.s) {
+			c.s.DeepCopyInto(s)
+			return nil
+		}
+	}
+	return c.Client.Get(ctx, key, obj, opts...)
+}
+
+// stageSums is the sum of each stage's histogram, in seconds.
+func stageSums(b *testing.B) map[string]float64 {
+	b.Helper()
+	families, err := crmetrics.Registry.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != stages.Metric {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			out[label(m, "stage")] += m.GetHistogram().GetSampleSum()
+		}
+	}
+	return out
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// goroutinesCreated counts the goroutines the process started.
+func goroutinesCreated() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// contextSwitches counts the process's voluntary and involuntary context
+// switches (its threads', the kernel's count).
+func contextSwitches() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Nvcsw + ru.Nivcsw
+}
