@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	dto "github.com/prometheus/client_model/go"
+	"go.opentelemetry.io/otel"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -22,6 +23,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/records"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/stages"
+	"github.com/student-bridge/student-bridge/internal/tracing"
 	"github.com/student-bridge/student-bridge/reconciler"
 )
 
@@ -43,6 +45,14 @@ import (
 // broker's share of the change.
 func BenchmarkOneChange(b *testing.B) {
 	ctx := context.Background()
+	// Traces as the bridge sets them up, going nowhere here.
+	b.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+	b.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+	provider := otel.GetTracerProvider()
+	if _, err := tracing.Setup(ctx, "bench"); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { otel.SetTracerProvider(provider) })
 	ns := stacktest.Namespace(b, st.Client, "bench")
 	nc := stacktest.Connect(b, st.NATS.URL())
 	js, err := jetstream.New(nc)

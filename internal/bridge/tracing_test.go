@@ -94,6 +94,27 @@ func TestTraceFromStudentToService(t *testing.T) {
 	}
 }
 
+// TestTraceContextWithoutTracing: with traces going nowhere (no OTLP
+// endpoint: the bridge makes no spans), the trace context in a Student's
+// annotation still goes on to its event, for the consumers' spans.
+func TestTraceContextWithoutTracing(t *testing.T) {
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "notrace")
+	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+	startBridge(t, cfg)
+	traceID, parent := randomHex(t, 16), randomHex(t, 8)
+	stu := newStudent(ns, "traced", "wang", "china")
+	stu.Annotations = map[string]string{studentv1.TraceContextAnnotation: fmt.Sprintf("00-%s-%s-01", traceID, parent)}
+	if err := st.Client.Create(context.Background(), stu); err != nil {
+		t.Fatal(err)
+	}
+	ev := waitStream(t, natsConn(t), cfg.NATS.Stream.Name, 1)[0]
+	if tp, _ := ev.Event.Extensions()[studentv1.ExtensionTraceParent].(string); tp != stu.Annotations[studentv1.TraceContextAnnotation] {
+		t.Errorf("the CloudEvent's traceparent %q, want the Student's %q", tp, stu.Annotations[studentv1.TraceContextAnnotation])
+	}
+}
+
 func testTrace(t *testing.T, enc string) {
 	ctx := context.Background()
 	spans, addr := startSpanSink(t)

@@ -15,16 +15,20 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
+	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // Setup installs the process's tracer provider when traces have somewhere
 // to go: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT
 // (an http:// endpoint is exported without TLS; the exporter reads the
 // other OTEL_EXPORTER_OTLP_* variables itself). Without one it installs
-// nothing and the spans cost nothing. shutdown flushes what is buffered.
+// the no-op provider, and the bridge makes no spans (reconciler: a trace
+// context a Student carries still goes on to its event). shutdown flushes
+// what is buffered.
 func Setup(ctx context.Context, service string) (shutdown func(context.Context) error, err error) {
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	if os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" && os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" {
+		otel.SetTracerProvider(noop.NewTracerProvider())
 		return func(context.Context) error { return nil }, nil
 	}
 	exp, err := otlptracegrpc.New(ctx)
