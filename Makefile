@@ -241,6 +241,20 @@ test-compat: $(CONTROL_PLANE) $(HELM) $(COMPAT_APISERVERS) ## Run the compatibil
 	$(HOST_GO) run $(HOST_FLAGS) ./hack/compat -assets $(subst $(eval) ,$(comma),$(COMPAT_ASSETS)) -out docs/results/compat.json
 	$(HOST_GO) run $(HOST_FLAGS) ./hack/compat -docs
 
+# The soak: deploy/default on the test node for SOAK_DURATION under a
+# steady load, with one of the node tier's faults every few minutes and a
+# service writing receipts; a sample of every pod, the stream and the
+# buckets every 30 s (test/node/soak_test.go). Its own target: an hour is
+# no part of make test.
+SOAK_DURATION ?= 60m
+SOAK_OUT      ?= bench-results/soak.json
+SOAK_FLAGS    ?=
+
+.PHONY: soak
+soak: ## Run the deployment on the test node for SOAK_DURATION (60m) under load, a fault every 5 minutes; results in SOAK_OUT (SOAK_FLAGS: -soak-rate, -soak-students, -soak-fault-every, -soak-sample).
+	$(MAKE) --no-print-directory -j2 -Otarget test-deps
+	$(GO) test -count=1 -timeout 0 -vet=off -run '^TestSoak$$' -v $(TEST_LAST) -args -soak $(SOAK_DURATION) -soak-out $(abspath $(SOAK_OUT)) $(SOAK_FLAGS)
+
 $(BIN)/kube-%/kube-apiserver: $(TOOLS)/kube-%/go.mod | $(ETCD) $(KUBECTL)
 	cd $(TOOLS)/kube-$* && $(HOST_GO) build $(HOST_FLAGS) $(call kube_ldflags,$(call kube_version,$(TOOLS)/kube-$*/go.mod)) -o $(BIN)/kube-$*/ k8s.io/kubernetes/cmd/kube-apiserver
 	ln -sf ../etcd ../kubectl $(BIN)/kube-$*/

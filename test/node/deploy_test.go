@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -403,10 +402,8 @@ func podCounter(p *corev1.Pod, series string) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	for _, line := range strings.Split(b, "\n") {
-		if v, ok := strings.CutPrefix(line, series+" "); ok {
-			return strconv.ParseFloat(v, 64)
-		}
+	if v, ok := seriesValue(b, series); ok {
+		return v, nil
 	}
 	return 0, fmt.Errorf("pod %s exports no %s", p.Name, series)
 }

@@ -195,12 +195,29 @@ func TestFaultsUnderLoad(t *testing.T) {
 	needNode(t)
 	s := defaultInstalled(t)
 	nc := connectNATS(t, natsURL(t, "consumer", s.consumer))
+	for _, f := range nodeFaults(s) {
+		t.Run(f.name, func(t *testing.T) {
+			l := startLoad(t, nc, loadRate, false)
+			l.waitChanges(t, 3*loadRate) // the load under way
+			wait := f.do(t)
+			ready := wait()
+			l.finishClean(t, s, f.name+": Ready again", ready)
+		})
+	}
+}
+
+// fault is one fault of the deployment on the node.
+type fault struct {
+	name string
+	// do makes the fault and returns the wait for recovery.
+	do func(t *testing.T) func() time.Duration
+}
+
+// nodeFaults are the faults of the deployment with secrets s the node
+// tier makes under load, and the soak on a schedule.
+func nodeFaults(s secrets) []fault {
 	bridge := func(t *testing.T) []corev1.Pod { return podsOf(t, "student-bridge") }
-	faults := []struct {
-		name string
-		// do makes the fault and returns the wait for recovery.
-		do func(t *testing.T) func() time.Duration
-	}{
+	return []fault{
 		{"rollout restart", func(t *testing.T) func() time.Duration {
 			var uids []types.UID
 			for _, p := range bridge(t) {
@@ -269,14 +286,5 @@ func TestFaultsUnderLoad(t *testing.T) {
 				return waitPods(t, "student-bridge", 3, func([]corev1.Pod) error { return nodeReadySince(restarted) })
 			}
 		}},
-	}
-	for _, f := range faults {
-		t.Run(f.name, func(t *testing.T) {
-			l := startLoad(t, nc, loadRate, false)
-			l.waitChanges(t, 3*loadRate) // the load under way
-			wait := f.do(t)
-			ready := wait()
-			l.finishClean(t, s, f.name+": Ready again", ready)
-		})
 	}
 }

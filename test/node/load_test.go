@@ -34,6 +34,9 @@ import (
 type load struct {
 	ns   string
 	rate int
+	// level is the number of Students the load keeps around: below it a
+	// change is a create (40 unless set).
+	level int
 	// c writes the changes, without a client-side rate limit: the API
 	// server, not the test's client, bounds the load, as with many users.
 	c client.Client
@@ -83,9 +86,12 @@ type seen struct {
 // startLoad starts rate changes a second in a new namespace and a reader
 // of the stream through nc. acrossUpgrade: the previous release publishes
 // some of the events, without dataschema.
-func startLoad(t *testing.T, nc *nats.Conn, rate int, acrossUpgrade bool) *load {
+func startLoad(t *testing.T, nc *nats.Conn, rate int, acrossUpgrade bool, opts ...func(*load)) *load {
 	t.Helper()
-	l := &load{c: unthrottledClient(t), rate: rate, acrossUpgrade: acrossUpgrade, writes: map[string][]write{}, seen: map[string][]seen{}, stop: make(chan struct{}), done: make(chan struct{})}
+	l := &load{c: unthrottledClient(t), rate: rate, level: 40, acrossUpgrade: acrossUpgrade, writes: map[string][]write{}, seen: map[string][]seen{}, stop: make(chan struct{}), done: make(chan struct{})}
+	for _, o := range opts {
+		o(l)
+	}
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "load-"}}
 	if err := nd.c.Create(context.Background(), ns); err != nil {
 		t.Fatal(err)
@@ -182,8 +188,9 @@ func (l *load) run() {
 	}
 }
 
-// change makes one change: a create while fewer than 40 Students live (or
-// a quarter of the time), else an update (twice as often) or a delete.
+// change makes one change: a create while fewer than l.level Students
+// live (or a quarter of the time), else an update (twice as often) or a
+// delete.
 func (l *load) change() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -192,7 +199,7 @@ func (l *load) change() error {
 	r := rand.Float64()
 	var op, name string
 	switch {
-	case len(l.live) < 40 || r < 0.25:
+	case len(l.live) < l.level || r < 0.25:
 		op, name = "create", fmt.Sprintf("s-%05d", l.next)
 		l.next++
 	case r < 0.75:
