@@ -162,7 +162,8 @@ func (m *Manager) Owns(key types.NamespacedName) bool {
 }
 
 // Begin marks work on key in flight, if this replica holds its shard and
-// is not stopping; done ends it. A shard is given up only once its work in flight ended.
+// is not stopping; done ends it. A shard is given up only once its work in
+// flight ended.
 func (m *Manager) Begin(key types.NamespacedName) (done func(), ok bool) {
 	n := m.Shard(key)
 	m.mu.Lock()

@@ -13,6 +13,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/binding"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
@@ -146,9 +147,24 @@ func Eventually(timeout time.Duration, cond func() error) error {
 // Counter reads the counter name{label="value"} from controller-runtime's
 // metrics registry of this process (0 if it has not counted yet).
 func Counter(name, label, value string) (float64, error) {
+	m, err := metric(name, label, value)
+	return m.GetCounter().GetValue(), err
+}
+
+// HistogramSum reads the sum of the histogram name{label="value"} from
+// controller-runtime's metrics registry of this process (0 if it has not
+// observed anything yet).
+func HistogramSum(name, label, value string) (float64, error) {
+	m, err := metric(name, label, value)
+	return m.GetHistogram().GetSampleSum(), err
+}
+
+// metric finds the series name{label="value"} in controller-runtime's
+// metrics registry of this process (nil if there is none yet).
+func metric(name, label, value string) (*dto.Metric, error) {
 	families, err := crmetrics.Registry.Gather()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	for _, f := range families {
 		if f.GetName() != name {
@@ -157,10 +173,10 @@ func Counter(name, label, value string) (float64, error) {
 		for _, m := range f.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue(), nil
+					return m, nil
 				}
 			}
 		}
 	}
-	return 0, nil
+	return nil, nil
 }
