@@ -107,7 +107,7 @@ func canRun(bin string) string {
 			return f + " is missing (hack/node-packages.sh installs it)"
 		}
 	}
-	for _, f := range []string{"iptables", "ip"} {
+	for _, f := range []string{"iptables", "ip", "ss"} {
 		if _, err := exec.LookPath(f); err != nil {
 			return f + " is missing (hack/node-packages.sh installs it)"
 		}
