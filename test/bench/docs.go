@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/student-bridge/student-bridge/internal/soak"
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
 
@@ -19,6 +20,9 @@ import (
 //	<!-- bench docs/results/<run>.json summary -->
 //	...
 //	<!-- end bench -->
+//
+// A block of kind soak renders a soak's results file (make soak) instead,
+// with its plot, which renderDocs draws beside the file (<run>.svg).
 //
 // `make generate` renders them again (renderDocs); `make verify-gen`
 // fails when one differs from what its file renders.
@@ -83,7 +87,8 @@ func renderDocs(paths []string) error {
 		if err != nil {
 			return err
 		}
-		out, err := renderBlocks(root, string(b))
+		page, _ := filepath.Rel(root, f)
+		out, err := renderBlocks(root, filepath.Dir(page), string(b))
 		if err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
@@ -93,15 +98,57 @@ func renderDocs(paths []string) error {
 			}
 		}
 	}
+	return writeSoakCharts(root)
+}
+
+// soakResults is where the soaks' committed results files are: each one's
+// plot is drawn beside it.
+const soakResults = "docs/results/soak-*.json"
+
+// writeSoakCharts draws the plot of every soak's results file beside it.
+func writeSoakCharts(root string) error {
+	files, _ := filepath.Glob(filepath.Join(root, soakResults))
+	for _, f := range files {
+		res, err := loadSoak(f)
+		if err != nil {
+			return err
+		}
+		svg, err := soak.Chart(res)
+		if err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		if err := os.WriteFile(strings.TrimSuffix(f, ".json")+".svg", svg, 0o644); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
-// renderBlocks renders the blocks of one file's text.
-func renderBlocks(root, text string) (string, error) {
+func loadSoak(file string) (soak.Results, error) {
+	var res soak.Results
+	b, err := os.ReadFile(file)
+	if err == nil {
+		err = json.Unmarshal(b, &res)
+	}
+	return res, err
+}
+
+// renderBlocks renders the blocks of one file's text; dir is the file's
+// folder relative to root, where its links start.
+func renderBlocks(root, dir, text string) (string, error) {
 	var errs []error
 	loaded := map[string]Results{}
 	out := docBlock.ReplaceAllStringFunc(text, func(block string) string {
 		m := docBlock.FindStringSubmatch(block)
+		if m[3] == "soak" {
+			res, err := loadSoak(filepath.Join(root, m[2]))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("block %s %s: %w", m[2], m[3], err))
+				return block
+			}
+			chart, _ := filepath.Rel(dir, strings.TrimSuffix(m[2], ".json")+".svg")
+			return m[1] + strings.TrimSpace(soak.Markdown(res, filepath.ToSlash(chart))) + "\n" + m[4]
+		}
 		res, ok := loaded[m[2]]
 		if !ok {
 			b, err := os.ReadFile(filepath.Join(root, m[2]))

@@ -19,7 +19,7 @@ func TestRenderBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := "before\n<!-- bench run.json run -->\nan old figure: 2.4x\n<!-- end bench -->\nafter\n"
-	out, err := renderBlocks(root, text)
+	out, err := renderBlocks(root, "", text)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,11 +27,11 @@ func TestRenderBlocks(t *testing.T) {
 	if out != want {
 		t.Errorf("rendered\n%s\nwant\n%s", out, want)
 	}
-	if again, err := renderBlocks(root, out); err != nil || again != out {
+	if again, err := renderBlocks(root, "", out); err != nil || again != out {
 		t.Errorf("rendering twice changed the text: %v\n%s", err, again)
 	}
 	for _, bad := range []string{"<!-- bench run.json nothing -->\n<!-- end bench -->", "<!-- bench gone.json run -->\n<!-- end bench -->", "<!-- bench run.json counts -->\n<!-- end bench -->"} {
-		if _, err := renderBlocks(root, bad); err == nil {
+		if _, err := renderBlocks(root, "", bad); err == nil {
 			t.Errorf("%q rendered without an error", bad)
 		}
 	}
@@ -80,7 +80,7 @@ func TestEveryBlockIsRendered(t *testing.T) {
 			t.Errorf("%s has benchmark blocks that -docs (make generate) does not render", rel)
 			return nil
 		}
-		if out, err := renderBlocks(root, string(b)); err != nil || out != string(b) {
+		if out, err := renderBlocks(root, filepath.Dir(rel), string(b)); err != nil || out != string(b) {
 			t.Errorf("%s's benchmark blocks are not as their results files render them (make generate): %v", rel, err)
 		}
 		return nil

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -23,6 +22,7 @@ import (
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/consumer"
+	"github.com/student-bridge/student-bridge/internal/soak"
 	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
@@ -37,69 +37,16 @@ var (
 	soakStudents   = flag.Int("soak-students", 5000, "Students the soak's load keeps around.")
 	soakFaultEvery = flag.Duration("soak-fault-every", 5*time.Minute, "Time between the soak's faults, which cycle through the node tier's.")
 	soakSampleEach = flag.Duration("soak-sample", 30*time.Second, "Time between the soak's samples.")
+	soakSettled    = flag.Duration("soak-settled", soak.Settled, "Time from the soak's start its trends are read from (at least half the soak is needed).")
 	soakOut        = flag.String("soak-out", "", "Results file (JSON) of the soak; empty: none.")
 )
 
-// soakSettled is when the soak's quantities are compared from: the load
-// has filled the Students up to its level and the caches are warm.
-const soakSettled = 10 * time.Minute
-
-// SoakResults is what a soak leaves: its settings, a sample every
-// -soak-sample, each fault and how long the deployment took to be Ready
-// again, and what the end's checks found.
-type SoakResults struct {
-	Date     string       `json:"date"`
-	Commit   string       `json:"commit"`
-	Duration string       `json:"duration"`
-	Rate     int          `json:"rate"`
-	Students int          `json:"students"`
-	Samples  []SoakSample `json:"samples"`
-	Faults   []SoakFault  `json:"faults"`
-	End      SoakEnd      `json:"end"`
-	Slopes   []SoakGrowth `json:"slopes"`
-}
-
-// SoakSample is the deployment at one moment: each quantity by pod (bridge
-// pods' memory, heap, goroutines, descriptors and shards; NATS pods'
-// memory, connections and subscriptions) and the stream's, buckets' and
-// Events' sizes.
-type SoakSample struct {
-	Minute float64                       `json:"minute"`
-	Pods   map[string]map[string]float64 `json:"pods"`
-	Totals map[string]float64            `json:"totals"`
-}
-
-// SoakFault is one fault: when, and how long from it until Ready again.
-type SoakFault struct {
-	Name      string  `json:"name"`
-	Minute    float64 `json:"minute"`
-	RecoveryS float64 `json:"recoverySeconds"`
-}
-
-// SoakEnd is what the end's checks found.
-type SoakEnd struct {
-	Changes       int     `json:"changes"`
-	Rate          float64 `json:"rate"`
-	LongestWaitS  float64 `json:"longestWaitSeconds"`
-	MirrorChecked int     `json:"mirrorStudents"`
-	Gaps          int64   `json:"gaps"`
-}
-
-// SoakGrowth is one quantity's level at soakSettled, at the end, and its
-// slope between (least squares, per hour).
-type SoakGrowth struct {
-	Quantity string  `json:"quantity"`
-	Settled  float64 `json:"settled"`
-	End      float64 `json:"end"`
-	PerHour  float64 `json:"perHour"`
-}
-
 // TestSoak runs the soak for -soak. At the end: every change seen in the
 // stream, verify clean, the Mirror's state equal to the API server's, and
-// no quantity of the bridge pods that grows: the total heap and RSS within
-// 5 % of their level at soakSettled by their slope, goroutines and
-// descriptors too. (Per pod there is no trend to read: the faults replace
-// pods.)
+// no quantity of the bridge pods that grows (soak.Bounded): the total heap
+// and RSS within 5 % of their level at soak.Settled by their slope,
+// goroutines and descriptors too. (Per pod there is no trend to read: the
+// faults replace pods.)
 func TestSoak(t *testing.T) {
 	needNode(t)
 	if *soakFor <= 0 {
@@ -108,7 +55,8 @@ func TestSoak(t *testing.T) {
 	s := defaultInstalled(t)
 	nc := connectNATS(t, natsURL(t, "consumer", s.consumer))
 	roster := connectNATS(t, natsURL(t, "roster", s.roster))
-	res := SoakResults{Date: time.Now().UTC().Format(time.DateOnly), Commit: stack.RepoCommit(), Duration: soakFor.String(), Rate: *soakRate, Students: *soakStudents}
+	res := soak.Results{Date: time.Now().UTC().Format(time.DateOnly), Commit: stack.RepoCommit(), Duration: soakFor.String(),
+		Rate: *soakRate, Students: *soakStudents, FaultEvery: soakFaultEvery.String(), SampleEvery: soakSampleEach.String(), Settled: soakSettled.String()}
 
 	l := startLoad(t, nc, *soakRate, false, func(l *load) { l.level = *soakStudents })
 	m, err := consumer.NewMirror(roster, consumer.MirrorOptions{Service: "roster", Stream: "STUDENTS", Subjects: "student.>",
@@ -128,7 +76,7 @@ func TestSoak(t *testing.T) {
 	}()
 
 	start := time.Now()
-	faults := nodeFaults(s)
+	faults := append(nodeFaults(s), storeFaults(s)...)
 	nextFault, nextSample := start.Add(*soakFaultEvery), start
 	for i := 0; time.Since(start) < *soakFor; {
 		if now := time.Now(); !now.Before(nextSample) {
@@ -141,7 +89,7 @@ func TestSoak(t *testing.T) {
 			at := time.Since(start)
 			f.do(t)()
 			recovered := time.Since(start) - at // from the fault, not from the wait after it
-			res.Faults = append(res.Faults, SoakFault{Name: f.name, Minute: at.Minutes(), RecoveryS: recovered.Seconds()})
+			res.Faults = append(res.Faults, soak.Fault{Name: f.name, Minute: at.Minutes(), RecoveryS: recovered.Seconds()})
 			t.Logf("%s at %.1f min: Ready again in %.1fs", f.name, at.Minutes(), recovered.Seconds())
 			nextFault = time.Now().Add(*soakFaultEvery)
 		}
@@ -154,10 +102,23 @@ func TestSoak(t *testing.T) {
 	res.Samples = append(res.Samples, soakSample(t, nc, roster, l.ns, time.Since(start)))
 
 	r := l.finish(t, 5*time.Minute)
-	res.End = SoakEnd{Changes: r.changes, Rate: r.rate, LongestWaitS: r.longest.Seconds(), Gaps: m.Gaps()}
+	res.End = soak.End{Changes: r.changes, Rate: r.rate, LongestWaitS: r.longest.Seconds(), Gaps: m.Gaps()}
 	verifyClean(t, s)
-	res.End.MirrorChecked = checkMirror(t, m, l.ns)
-	res.Slopes = soakSlopes(res.Samples)
+	res.End.MirrorChecked, res.End.MirrorDiffer = checkMirror(t, m, l.ns)
+	res.Limits = streamLimits(t, nc, roster)
+	res.Slopes = soak.Slopes(res.Samples, *soakSettled)
+	t.Logf("soak of %s: %d changes at %.0f/s, the longest wait %.1fs, %d faults, the Mirror agrees on %d Students, %d gaps",
+		soakFor, r.changes, r.rate, r.longest.Seconds(), len(res.Faults), res.End.MirrorChecked, res.End.Gaps)
+	for _, g := range res.Slopes {
+		t.Logf("  %-36s at %s %.0f, at the end %.0f, %+.1f an hour", g.Quantity, soakSettled, g.Settled, g.End, g.PerHour)
+		if *soakFor < 2**soakSettled || g.Settled == 0 {
+			continue // too short to read a trend
+		}
+		if grown := g.Grown(*soakFor, *soakSettled); grown > soak.MaxGrowth && slices.Contains(soak.Bounded, g.Quantity) {
+			t.Errorf("%s grew %+.1f %% (%+.1f an hour) from %.0f at %s: more than %.0f %%", g.Quantity, 100*grown, g.PerHour, g.Settled, soakSettled, 100*soak.MaxGrowth)
+		}
+	}
+	res.Passed = !t.Failed()
 	if *soakOut != "" {
 		b, err := json.MarshalIndent(res, "", "  ")
 		if err != nil {
@@ -170,28 +131,45 @@ func TestSoak(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Logf("soak of %s: %d changes at %.0f/s, the longest wait %.1fs, %d faults, the Mirror agrees on %d Students, %d gaps",
-		soakFor, r.changes, r.rate, r.longest.Seconds(), len(res.Faults), res.End.MirrorChecked, res.End.Gaps)
-	for _, g := range res.Slopes {
-		t.Logf("  %-28s at %s %.0f, at the end %.0f, %+.1f an hour", g.Quantity, soakSettled, g.Settled, g.End, g.PerHour)
-		if *soakFor < 2*soakSettled || g.Settled == 0 {
-			continue // too short to read a trend
-		}
-		left := (*soakFor - soakSettled).Hours()
-		if grows := g.PerHour * left; grows > 0.05*g.Settled && slices.Contains(boundedQuantities, g.Quantity) {
-			t.Errorf("%s grew %.0f (%+.1f an hour) from %.0f at %s: more than 5%%", g.Quantity, grows, g.PerHour, g.Settled, soakSettled)
-		}
-	}
 }
 
-// boundedQuantities are the totals that must not grow once the soak
-// settled.
-var boundedQuantities = []string{"bridge heap bytes", "bridge RSS bytes", "bridge goroutines", "bridge open fds", "NATS subscriptions"}
+// soakStreams are the streams the soak samples, each with the connection
+// (user) allowed to read it.
+func soakStreams(nc, roster *nats.Conn) []struct {
+	conn *nats.Conn
+	name string
+} {
+	return []struct {
+		conn *nats.Conn
+		name string
+	}{{nc, "STUDENTS"}, {nc, recordStream}, {roster, "KV_STUDENT_BRIDGE_RECEIPTS"}}
+}
+
+// streamLimits reads the configured limits of the streams the soak samples.
+func streamLimits(t *testing.T, nc, roster *nats.Conn) map[string]soak.Limits {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out := map[string]soak.Limits{}
+	for _, st := range soakStreams(nc, roster) {
+		js, err := jetstream.New(st.conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := js.Stream(ctx, st.name)
+		if err != nil {
+			t.Fatalf("stream %s: %v", st.name, err)
+		}
+		c := s.CachedInfo().Config
+		out[st.name] = soak.Limits{MaxAge: c.MaxAge.String(), MaxBytes: c.MaxBytes, MaxMsgs: c.MaxMsgs}
+	}
+	return out
+}
 
 // soakSample samples the deployment; ns is the load's namespace.
-func soakSample(t *testing.T, nc, roster *nats.Conn, ns string, at time.Duration) SoakSample {
+func soakSample(t *testing.T, nc, roster *nats.Conn, ns string, at time.Duration) soak.Sample {
 	t.Helper()
-	sm := SoakSample{Minute: at.Minutes(), Pods: map[string]map[string]float64{}, Totals: map[string]float64{}}
+	sm := soak.Sample{Minute: at.Minutes(), Pods: map[string]map[string]float64{}, Totals: map[string]float64{}}
 	for _, p := range podsOf(t, "student-bridge") {
 		if !podReady(&p) {
 			continue
@@ -228,10 +206,7 @@ func soakSample(t *testing.T, nc, roster *nats.Conn, ns string, at time.Duration
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for _, st := range []struct {
-		conn *nats.Conn
-		name string
-	}{{nc, "STUDENTS"}, {nc, "KV_STUDENT_BRIDGE_PUBLISHED"}, {roster, "KV_STUDENT_BRIDGE_RECEIPTS"}} {
+	for _, st := range soakStreams(nc, roster) {
 		js, err := jetstream.New(st.conn)
 		if err != nil {
 			continue
@@ -241,9 +216,14 @@ func soakSample(t *testing.T, nc, roster *nats.Conn, ns string, at time.Duration
 			sm.Totals[st.name+" messages"], sm.Totals[st.name+" bytes"] = float64(info.State.Msgs), float64(info.State.Bytes)
 		}
 	}
+	// Counted, not read: an hour's Events are many.
 	var events eventsv1.EventList
-	if err := nd.c.List(ctx, &events, client.InNamespace(ns)); err == nil {
-		sm.Totals["Kubernetes Events"] = float64(len(events.Items))
+	if err := nd.c.List(ctx, &events, client.InNamespace(ns), client.Limit(1)); err == nil {
+		n := int64(len(events.Items))
+		if events.RemainingItemCount != nil {
+			n += *events.RemainingItemCount
+		}
+		sm.Totals["Kubernetes Events"] = float64(n)
 	}
 	return sm
 }
@@ -278,8 +258,8 @@ func natsVarz(p *corev1.Pod) (varz, error) {
 
 // checkMirror fails t unless the Mirror's state of ns is the API server's:
 // every Student there at its generation and spec, none that is gone. It
-// returns the number of Students compared.
-func checkMirror(t *testing.T, m *consumer.Mirror, ns string) int {
+// returns the number of Students compared, and of those that differ.
+func checkMirror(t *testing.T, m *consumer.Mirror, ns string) (checked, differ int) {
 	t.Helper()
 	var students studentv1.StudentList
 	if err := nd.c.List(context.Background(), &students, client.InNamespace(ns)); err != nil {
@@ -318,49 +298,5 @@ func checkMirror(t *testing.T, m *consumer.Mirror, ns string) int {
 	if err != nil {
 		t.Error(err)
 	}
-	return len(want)
-}
-
-// soakSlopes reads, for each total, its level at soakSettled, at the end,
-// and its least-squares slope between.
-func soakSlopes(samples []SoakSample) []SoakGrowth {
-	names := map[string]bool{}
-	for _, s := range samples {
-		for n := range s.Totals {
-			names[n] = true
-		}
-	}
-	var out []SoakGrowth
-	for _, n := range slices.Sorted(maps.Keys(names)) {
-		var xs, ys []float64
-		for _, s := range samples {
-			if v, ok := s.Totals[n]; ok && s.Minute >= soakSettled.Minutes() {
-				xs, ys = append(xs, s.Minute/60), append(ys, v)
-			}
-		}
-		if len(xs) < 2 {
-			continue
-		}
-		out = append(out, SoakGrowth{Quantity: n, Settled: ys[0], End: ys[len(ys)-1], PerHour: slope(xs, ys)})
-	}
-	return out
-}
-
-func slope(xs, ys []float64) float64 {
-	var mx, my float64
-	for i := range xs {
-		mx += xs[i]
-		my += ys[i]
-	}
-	mx /= float64(len(xs))
-	my /= float64(len(ys))
-	var num, den float64
-	for i := range xs {
-		num += (xs[i] - mx) * (ys[i] - my)
-		den += (xs[i] - mx) * (xs[i] - mx)
-	}
-	if den == 0 {
-		return 0
-	}
-	return num / den
+	return len(want), len(wrong)
 }

@@ -1,0 +1,155 @@
+// Package soak is what a soak of the deployment leaves (make soak, run by
+// test/node's TestSoak): its settings, a sample of every pod, the stream
+// and the buckets over time, each fault and its recovery, and what the
+// end's checks found. It reads each quantity's trend, and renders a run
+// for the docs: a table and a plot over time.
+package soak
+
+import (
+	"maps"
+	"slices"
+	"time"
+)
+
+// Settled is when a soak's quantities are compared from by default: the
+// load has filled the Students up to its level and the caches are warm.
+const Settled = 10 * time.Minute
+
+// Bounded are the totals that must not grow once a soak has settled, and
+// how much they may: the bridge pods' heap and RSS within 5 % of their
+// level when settled, goroutines, descriptors and NATS subscriptions as
+// flat (5 % is a few goroutines of a few hundred: a leak per handover or
+// per snapshot is more within the hour).
+var Bounded = []string{"bridge heap bytes", "bridge RSS bytes", "bridge goroutines", "bridge open fds", "NATS subscriptions"}
+
+// MaxGrowth is how much a bounded quantity may grow after Settled, as a
+// share of its level then.
+const MaxGrowth = 0.05
+
+// Results is one soak.
+type Results struct {
+	Date        string `json:"date"`
+	Commit      string `json:"commit"`
+	Duration    string `json:"duration"`
+	Rate        int    `json:"rate"`
+	Students    int    `json:"students"`
+	FaultEvery  string `json:"faultEvery"`
+	SampleEvery string `json:"sampleEvery"`
+	// Settled is when the trends are read from (Settled unless set).
+	Settled string   `json:"settled"`
+	Samples []Sample `json:"samples"`
+	Faults  []Fault  `json:"faults"`
+	// Limits are the stream's and buckets' configured limits, by stream.
+	Limits map[string]Limits `json:"limits"`
+	End    End               `json:"end"`
+	Slopes []Growth          `json:"slopes"`
+	// Passed is whether every check of the soak held.
+	Passed bool `json:"passed"`
+}
+
+// Sample is the deployment at one moment: each quantity by pod (bridge
+// pods' memory, heap, goroutines, descriptors and shards; NATS pods'
+// memory, connections and subscriptions) and the totals: those summed
+// over pods ("bridge heap bytes"), the stream's, buckets' and Events'.
+type Sample struct {
+	Minute float64                       `json:"minute"`
+	Pods   map[string]map[string]float64 `json:"pods"`
+	Totals map[string]float64            `json:"totals"`
+}
+
+// Fault is one fault: when, and how long from it until the deployment was
+// Ready again.
+type Fault struct {
+	Name      string  `json:"name"`
+	Minute    float64 `json:"minute"`
+	RecoveryS float64 `json:"recoverySeconds"`
+}
+
+// Limits are a stream's configured limits (0: none).
+type Limits struct {
+	MaxAge   string `json:"maxAge"`
+	MaxBytes int64  `json:"maxBytes"`
+	MaxMsgs  int64  `json:"maxMsgs"`
+}
+
+// End is what the end's checks found.
+type End struct {
+	Changes       int     `json:"changes"`
+	Rate          float64 `json:"rate"`
+	LongestWaitS  float64 `json:"longestWaitSeconds"`
+	MirrorChecked int     `json:"mirrorStudents"`
+	MirrorDiffer  int     `json:"mirrorDiffer"`
+	Gaps          int64   `json:"gaps"`
+}
+
+// Growth is one quantity's level once settled, at the end, and its slope
+// between (least squares, per hour).
+type Growth struct {
+	Quantity string  `json:"quantity"`
+	Settled  float64 `json:"settled"`
+	End      float64 `json:"end"`
+	PerHour  float64 `json:"perHour"`
+}
+
+// Grown is how much g grew from settled to the end of a soak of d by its
+// slope, as a share of its level when settled (0 when it had none).
+func (g Growth) Grown(d, settled time.Duration) float64 {
+	if g.Settled == 0 || d <= settled {
+		return 0
+	}
+	return g.PerHour * (d - settled).Hours() / g.Settled
+}
+
+// Durations are the soak's length and when it settled.
+func (r Results) Durations() (d, settled time.Duration) {
+	d, _ = time.ParseDuration(r.Duration)
+	settled, err := time.ParseDuration(r.Settled)
+	if err != nil {
+		settled = Settled
+	}
+	return d, settled
+}
+
+// Slopes reads, for each total, its level at settled, at the end, and its
+// least-squares slope between.
+func Slopes(samples []Sample, settled time.Duration) []Growth {
+	names := map[string]bool{}
+	for _, s := range samples {
+		for n := range s.Totals {
+			names[n] = true
+		}
+	}
+	var out []Growth
+	for _, n := range slices.Sorted(maps.Keys(names)) {
+		var xs, ys []float64
+		for _, s := range samples {
+			if v, ok := s.Totals[n]; ok && s.Minute >= settled.Minutes() {
+				xs, ys = append(xs, s.Minute/60), append(ys, v)
+			}
+		}
+		if len(xs) < 2 {
+			continue
+		}
+		out = append(out, Growth{Quantity: n, Settled: ys[0], End: ys[len(ys)-1], PerHour: slope(xs, ys)})
+	}
+	return out
+}
+
+func slope(xs, ys []float64) float64 {
+	var mx, my float64
+	for i := range xs {
+		mx += xs[i]
+		my += ys[i]
+	}
+	mx /= float64(len(xs))
+	my /= float64(len(ys))
+	var num, den float64
+	for i := range xs {
+		num += (xs[i] - mx) * (ys[i] - my)
+		den += (xs[i] - mx) * (xs[i] - mx)
+	}
+	if den == 0 {
+		return 0
+	}
+	return num / den
+}

@@ -1,0 +1,70 @@
+package soak
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// samples is a soak of an hour sampled each minute: goroutines flat with
+// noise until minute 10, then one more every minute (60 an hour), the
+// heap flat.
+func samples() []Sample {
+	var out []Sample
+	for m := 0; m <= 60; m++ {
+		g := 300.0 + float64(m%3)
+		if m > 10 {
+			g += float64(m - 10)
+		}
+		out = append(out, Sample{Minute: float64(m), Totals: map[string]float64{"bridge goroutines": g, "bridge heap bytes": 50e6}})
+	}
+	return out
+}
+
+func TestSlopesReadTheTrendAfterSettling(t *testing.T) {
+	got := map[string]Growth{}
+	for _, g := range Slopes(samples(), Settled) {
+		got[g.Quantity] = g
+	}
+	g := got["bridge goroutines"]
+	if math.Abs(g.PerHour-60) > 2 || g.Settled != 301 || g.End != 350 {
+		t.Errorf("goroutines: %+v, want about 60 an hour from 301 to 350", g)
+	}
+	if grown := g.Grown(time.Hour, Settled); math.Abs(grown-50.0/301) > 0.01 {
+		t.Errorf("goroutines grew %.3f, want about %.3f", grown, 50.0/301)
+	}
+	if h := got["bridge heap bytes"]; h.PerHour != 0 || h.Grown(time.Hour, Settled) != 0 {
+		t.Errorf("a flat heap: %+v", h)
+	}
+	if len(Slopes(samples()[:10], Settled)) != 0 {
+		t.Error("a trend read from samples all before settling")
+	}
+}
+
+func TestMarkdownAndChart(t *testing.T) {
+	res := Results{Date: "2026-12-06", Commit: "abc", Duration: "1h0m0s", Rate: 50, Students: 5000, FaultEvery: "5m0s", SampleEvery: "1m0s",
+		Samples: samples(), Faults: []Fault{{Name: "pod deleted", Minute: 5, RecoveryS: 12.5}},
+		Limits: map[string]Limits{"STUDENTS": {MaxAge: "168h0m0s", MaxBytes: 1 << 30}}, End: End{Changes: 180000, Rate: 50}, Passed: true}
+	res.Slopes = Slopes(res.Samples, Settled)
+	res.Slopes = append(res.Slopes, Growth{Quantity: "STUDENTS bytes", Settled: 1e6, End: 2e6, PerHour: 1e6})
+	md := Markdown(res, "results/soak.svg")
+	for _, want := range []string{"1h0m0s at 50 changes a second around 5000 Students", "every check held", "| 5.0 | pod deleted | 12.5 s |",
+		"| bridge goroutines | 301 | 350 |", "at most +5 %", "at most 1.07G, kept 168h0m0s", "![1h0m0s over time", "(results/soak.svg)"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("the table lacks %q:\n%s", want, md)
+		}
+	}
+	svg, err := Chart(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"<svg", "bridge goroutines", "memory, MiB", "minutes"} {
+		if !strings.Contains(string(svg), want) {
+			t.Errorf("the chart lacks %q", want)
+		}
+	}
+	if again, _ := Chart(res); string(again) != string(svg) {
+		t.Error("the chart differs when drawn twice: make verify-gen would never be clean")
+	}
+}
