@@ -1,17 +1,22 @@
 // Package stacktest is what tests and the benchmark need beside the stack:
 // reading what the bridge published (StreamEvents, Subscribe), waiting for
-// a condition (Eventually), reading a counter, a TestMain body (RunTests)
-// and the stack's child processes (Children, KillAPIServer).
+// a condition (Eventually), reading a counter, a TestMain body (RunTests),
+// the stack's child processes (Children, KillAPIServer) and a NATS server
+// in a process of its own (NATSProcess).
 package stacktest
 
 import (
+	"bufio"
 	"flag"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
+	"testing"
 
 	"github.com/student-bridge/student-bridge/internal/stack"
 )
@@ -22,6 +27,9 @@ import (
 // Fuzzing a decoder (go test -run '^$' -fuzz FuzzX, as make fuzz does)
 // needs no stack: none is started, and no test that needs it may run.
 func RunTests(m interface{ Run() int }, opts stack.Options, use func(*stack.Stack)) int {
+	if os.Getenv(natsChildEnv) != "" {
+		return serveNATS()
+	}
 	flag.Parse()
 	if f := flag.Lookup("test.fuzz"); f != nil && f.Value.String() != "" {
 		return m.Run()
@@ -99,4 +107,54 @@ func Children() []Child {
 		kids = append(kids, Child{PID: pid, Comm: line[open+1 : end]})
 	}
 	return kids
+}
+
+// natsChildEnv, set in a test binary's environment, makes RunTests serve
+// NATS instead of running tests: the child NATSProcess starts.
+const natsChildEnv = "STUDENT_BRIDGE_TEST_NATS_CHILD"
+
+// NATSProcess starts a NATS server with JetStream in a process of its own
+// (this test binary again, whose TestMain calls RunTests) and returns its
+// URL; the server stops with tb. A benchmark of a client uses it, so that
+// the allocations and context switches it counts are the client's alone.
+func NATSProcess(tb testing.TB) string {
+	tb.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), natsChildEnv+"=1")
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		stdin.Close() // the child's signal to stop
+		_ = cmd.Wait()
+	})
+	url, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		tb.Fatalf("the NATS process said no URL: %v", err)
+	}
+	return strings.TrimSpace(url)
+}
+
+// serveNATS is the child of NATSProcess: it starts the server, writes its
+// URL and serves until its stdin closes.
+func serveNATS() int {
+	n, err := stack.StartNATS(stack.NATSOptions{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer n.Stop()
+	fmt.Println(n.URL())
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	return 0
 }
