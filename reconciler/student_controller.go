@@ -134,6 +134,11 @@ type StudentReconciler struct {
 	gone sync.Map // types.NamespacedName -> *studentv1.Student
 	// failures holds the last publish failure per Student, for the status.
 	failures sync.Map // types.NamespacedName -> error
+	// brokerWaits holds the Students whose last attempt failed because the
+	// broker could not take it, until they are queued again (succeeded);
+	// brokerWaiting counts them.
+	brokerWaits   sync.Map // types.NamespacedName -> struct{}
+	brokerWaiting atomic.Int64
 	// seen holds when the watch first showed a change of a Student that
 	// no reconcile has started for yet: the queue stage's start.
 	seen sync.Map // types.NamespacedName -> time.Time
@@ -307,7 +312,7 @@ func (r *StudentReconciler) reconcileDelete(ctx context.Context, stu *studentv1.
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove finalizer: %w", err)
 	}
-	r.failures.Delete(client.ObjectKeyFromObject(stu))
+	r.succeeded(client.ObjectKeyFromObject(stu))
 	// The record says "deleted" until here, so a retry of the finalizer
 	// removal publishes nothing again. Should this delete fail, the next
 	// catch-up finds a deleted record without its Student and removes it.
@@ -353,7 +358,7 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 		return ctrl.Result{}, err
 	}
 	r.gone.Delete(key)
-	r.failures.Delete(key)
+	r.succeeded(key)
 	return ctrl.Result{}, nil
 }
 
@@ -524,7 +529,7 @@ func (r *StudentReconciler) publishReserved(ctx context.Context, key types.Names
 		if err := r.save(ctx, stages.Record, rec); err != nil {
 			return r.failed(key, fmt.Errorf("record reserved %s %s: %w", rec.Published.Type, ev.ID(), err))
 		}
-		r.failures.Delete(key)
+		r.succeeded(key)
 		r.status.Enqueue(key)
 	}
 	return nil
@@ -630,7 +635,7 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		// out until the store takes it.
 		return r.failed(key, fmt.Errorf("record %s %s: %w", typ, ev.ID(), err))
 	}
-	r.failures.Delete(key)
+	r.succeeded(key)
 	return nil
 }
 
@@ -656,7 +661,7 @@ func (r *StudentReconciler) commit(ctx context.Context, c sink.Committer, stu *s
 	}
 	log.FromContext(ctx).V(1).Info("published", "type", typ, "id", ev.ID(), "subject", receipt.Subject, "sequence", receipt.Sequence)
 	r.recorder.Eventf(stu, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "published %s to %s, id %s, stream sequence %d", typ, receipt.Subject, ev.ID(), receipt.Sequence)
-	r.failures.Delete(key)
+	r.succeeded(key)
 	return nil
 }
 
@@ -679,11 +684,49 @@ func (r *StudentReconciler) save(ctx context.Context, stage string, rec studentv
 	return r.records.Save(ctx, rec)
 }
 
-// failed remembers err for the status view and returns it.
+// failed remembers err for the status view and returns it. A failure of
+// the broker's (not connected, or unavailable: no leader, no quorum, no
+// answer) is also remembered for succeeded.
 func (r *StudentReconciler) failed(key types.NamespacedName, err error) error {
 	r.failures.Store(key, err)
 	r.status.Enqueue(key)
+	if errors.Is(err, sink.ErrNotConnected) || errors.Is(err, sink.ErrUnavailable) {
+		if _, loaded := r.brokerWaits.LoadOrStore(key, struct{}{}); !loaded {
+			r.brokerWaiting.Add(1)
+		}
+	}
 	return err
+}
+
+// succeeded forgets key's failure. A success is news of the broker too:
+// the Students whose last attempt the broker could not take wait on a
+// backoff that doubled with each failure while it was away (retry), and
+// would wait on after it is back, by as long as it was gone or longer.
+// They are queued again now. A full queue channel leaves the rest to the
+// next success.
+func (r *StudentReconciler) succeeded(key types.NamespacedName) {
+	r.failures.Delete(key)
+	r.stopWaiting(key)
+	if r.brokerWaiting.Load() == 0 {
+		return
+	}
+	r.brokerWaits.Range(func(k, _ any) bool {
+		w := k.(types.NamespacedName)
+		stu := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: w.Namespace, Name: w.Name}}
+		select {
+		case r.toQueue <- event.TypedGenericEvent[*studentv1.Student]{Object: stu}:
+			r.stopWaiting(w)
+			return true
+		default:
+			return false
+		}
+	})
+}
+
+func (r *StudentReconciler) stopWaiting(key types.NamespacedName) {
+	if _, ok := r.brokerWaits.LoadAndDelete(key); ok {
+		r.brokerWaiting.Add(-1)
+	}
 }
 
 // terminalIfInvalid marks an error that retrying cannot fix as terminal: the

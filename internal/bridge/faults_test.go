@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	corev1 "k8s.io/api/core/v1"
@@ -75,6 +76,74 @@ func testRestartRepublishesNothing(t *testing.T, cfg *config.Config, nc *nats.Co
 	}
 	if len(seen) != 1 || seen[0].Data.Spec.School != "barrier" {
 		t.Errorf("after the restart a core subscriber saw %v, want only the barrier change", types(seen))
+	}
+}
+
+// TestRetriedAtOnceWhenNATSIsBack: the Students whose publish failed while
+// NATS was down wait on a backoff that doubled with each failure; the
+// first change published once NATS is back queues them again at once. The
+// retry delay is two minutes here, so nothing but that publishes them
+// within the test's wait.
+func TestRetriedAtOnceWhenNATSIsBack(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "back")
+	cfg.Retry.BaseDelay, cfg.Retry.MaxDelay = 2*time.Minute, 2*time.Minute
+	startBridge(t, cfg)
+	nc := natsConn(t)
+	createStudents(t, ns, "before-%d", 1)
+	waitStream(t, nc, cfg.NATS.Stream.Name, 1)
+
+	st.NATS.Shutdown()
+	restarted := false
+	defer func() {
+		if !restarted {
+			_ = st.NATS.Restart()
+		}
+	}()
+	createStudents(t, ns, "during-%d", 5)
+	stacktest.WaitFor(t, "every publish during the outage failed", func() error {
+		for i := range 5 {
+			if c := publishedCondition(getStudent(t, ns, fmt.Sprintf("during-%d", i))); c == nil || c.Status != metav1.ConditionFalse {
+				return fmt.Errorf("during-%d: %+v", i, c)
+			}
+		}
+		return nil
+	})
+	if err := st.NATS.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+
+	// A change made after NATS is back: each edit is tried at once (an
+	// edit is queued ahead of a backoff), until one is published.
+	createStudents(t, ns, "after-%d", 1)
+	waiting := map[string]bool{}
+	err := stacktest.Eventually(time.Minute, func() error {
+		patch(t, getStudent(t, ns, "after-0"), func(s *studentv1.Student) { s.Spec.School = time.Now().String() })
+		got, err := stacktest.StreamEvents(ctx, nc, cfg.NATS.Stream.Name)
+		if err != nil {
+			return err
+		}
+		clear(waiting)
+		for i := range 5 {
+			waiting[fmt.Sprintf("during-%d", i)] = true
+		}
+		after := false
+		for _, r := range got {
+			delete(waiting, r.Data.Metadata.Name)
+			after = after || r.Data.Metadata.Name == "after-0"
+		}
+		switch {
+		case !after:
+			return fmt.Errorf("nothing published since NATS is back")
+		case len(waiting) > 0:
+			return fmt.Errorf("the change after NATS is back is published; %d Students changed during the outage are not: %v", len(waiting), waiting)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 

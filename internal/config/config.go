@@ -132,7 +132,7 @@ type LeaderElection struct {
 
 // Retry bounds the exponential backoff of failed publishes.
 type Retry struct {
-	BaseDelay time.Duration `key:"baseDelay" flag:"retry-base-delay" default:"500ms" help:"First delay before a failed publish is retried; it doubles on each failure."`
+	BaseDelay time.Duration `key:"baseDelay" flag:"retry-base-delay" default:"500ms" help:"First delay before a failed publish is retried; it doubles on each failure; a publish NATS failed is retried at once when another succeeds."`
 	MaxDelay  time.Duration `key:"maxDelay" flag:"retry-max-delay" default:"1m" help:"Longest delay between retries of a failed publish."`
 }
 
