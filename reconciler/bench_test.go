@@ -36,11 +36,12 @@ import (
 //
 // Besides ns, B and allocs per change it reports each stage's mean time
 // per change (the stage histograms the bridge exports) and, per change,
-// the goroutines started and the process's context switches (the
-// kernel's count of its threads': a goroutine hand-off that parks a thread
-// and wakes another shows there). The NATS server runs in a process of
-// its own, as deployed: the allocations and context switches are the
-// bridge's alone.
+// the process's CPU time (cpu-ns: on a busy machine steadier than the
+// time a change takes), the goroutines started and its context switches
+// (the kernel's count of its threads': a goroutine hand-off that parks a
+// thread and wakes another shows there). The NATS server runs in a
+// process of its own, as deployed: the allocations, CPU time and context
+// switches are the bridge's alone.
 func BenchmarkOneChange(b *testing.B) {
 	ctx := context.Background()
 	// Traces as the bridge sets them up, going nowhere here.
@@ -109,7 +110,7 @@ func BenchmarkOneChange(b *testing.B) {
 
 	steps := []string{stages.WriteAhead, stages.Publish, stages.Record}
 	stagesBefore := stageSums(b, steps)
-	goroutines, switches := goroutinesCreated(), contextSwitches()
+	goroutines, switches, cpu := goroutinesCreated(), contextSwitches(), cpuTime()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
@@ -119,6 +120,7 @@ func BenchmarkOneChange(b *testing.B) {
 	n := float64(b.N)
 	b.ReportMetric(float64(goroutinesCreated()-goroutines)/n, "goroutines/op")
 	b.ReportMetric(float64(contextSwitches()-switches)/n, "ctxsw/op")
+	b.ReportMetric(float64(cpuTime()-cpu)/n, "cpu-ns/op")
 	after := stageSums(b, steps)
 	for _, s := range steps {
 		b.ReportMetric((after[s]-stagesBefore[s])*1e9/n, s+"-ns/op")
@@ -171,6 +173,17 @@ func goroutinesCreated() uint64 {
 	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
 	metrics.Read(s)
 	return s[0].Value.Uint64()
+}
+
+// cpuTime is the CPU time the process spent, user and system, in ns: with
+// the NATS server in a process of its own, the bridge's, less what the
+// stack's clients and the runtime do meanwhile.
+func cpuTime() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }
 
 // contextSwitches counts the process's voluntary and involuntary context

@@ -80,6 +80,7 @@ func parseGoBench(out string, g *GoBench) error {
 // each is; a unit not listed is shown after them.
 var goBenchUnits = []struct{ unit, what string }{
 	{"ns/op", "time per change"},
+	{"cpu-ns/op", "the process's CPU time per change (the NATS server runs in another)"},
 	{"write_ahead-ns/op", "the reservation (its record written as pending)"},
 	{"publish-ns/op", "the publish, to JetStream's ack"},
 	{"record-ns/op", "the record written after the ack"},
