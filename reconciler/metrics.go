@@ -107,8 +107,21 @@ func since(stage string, start time.Time) {
 
 // send publishes ev on s and records its latency and result in the metrics;
 // every publish of the package goes through it (or through measured).
-func send(ctx context.Context, s sink.Sink, ev cloudevents.Event) (sink.Receipt, error) {
-	return measured(ev, func() (sink.Receipt, error) { return s.Publish(ctx, ev) })
+// encoded, if not nil, is ev as JSON, which a sink that can takes as is.
+func send(ctx context.Context, s sink.Sink, ev cloudevents.Event, encoded []byte) (sink.Receipt, error) {
+	return measured(ev, func() (sink.Receipt, error) {
+		if es, ok := s.(encodedSink); ok && encoded != nil {
+			return es.PublishEncoded(ctx, ev, encoded)
+		}
+		return s.Publish(ctx, ev)
+	})
+}
+
+// encodedSink is a sink that publishes an event the bridge has encoded
+// already (its reservation holds the event as JSON) without encoding it
+// again (natssink.Publisher).
+type encodedSink interface {
+	PublishEncoded(ctx context.Context, ev cloudevents.Event, encoded []byte) (sink.Receipt, error)
 }
 
 // measured runs publish, which sends ev, and records its latency and result

@@ -82,7 +82,7 @@ func (s *Snapshotter) Snapshot(ctx context.Context, namespace, run string) (Snap
 		if last, ok := published[stu.UID]; ok {
 			contract.Chain(&ev, contract.Sequence(studentv1.EventTypeSnapshot, &last), last.ID)
 		}
-		receipt, err := send(ctx, s.Sink, ev)
+		receipt, err := send(ctx, s.Sink, ev, nil)
 		if err != nil {
 			return res, fmt.Errorf("publish snapshot of %s: %w", contract.Subject(stu), err)
 		}

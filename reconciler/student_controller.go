@@ -518,7 +518,7 @@ func (r *StudentReconciler) publishReserved(ctx context.Context, key types.Names
 		if err := json.Unmarshal(rec.Event, &ev); err != nil {
 			return r.failed(key, reconcile.TerminalError(fmt.Errorf("the reserved event of %s (uid %s) cannot be read: %w", key, rec.UID, err)))
 		}
-		receipt, err := send(ctx, r.sink, ev)
+		receipt, err := send(ctx, r.sink, ev, rec.Event)
 		if err != nil {
 			return r.failed(key, fmt.Errorf("publish reserved %s %s: %w", rec.Published.Type, ev.ID(), err))
 		}
@@ -617,7 +617,7 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 	}
 
 	sendCtx, sendSpan := startStep(ctx, "jetstream publish")
-	receipt, err := send(sendCtx, r.sink, ev)
+	receipt, err := send(sendCtx, r.sink, ev, reserved.Event)
 	endSpan(sendSpan, err)
 	if err != nil {
 		r.warn(ctx, stu, err, "publishing %s (id %s) failed: %v", typ, ev.ID(), err)

@@ -4,6 +4,7 @@ package natssink_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -224,6 +225,50 @@ func TestPublishAckAndDuplicate(t *testing.T) {
 	info, _ := s.Info(ctx)
 	if info.State.Msgs != 1 {
 		t.Errorf("stream holds %d messages, want 1", info.State.Msgs)
+	}
+}
+
+// TestPublishEncodedIsPublish: an event published with its JSON already
+// encoded is stored as Publish stores it, byte for byte, in both
+// encodings (the binary one encodes it itself).
+func TestPublishEncodedIsPublish(t *testing.T) {
+	ctx := context.Background()
+	_, nc := server(t, nil)
+	js := ensure(t, nc, natssink.StreamConfig{Name: "STUDENTS", Subject: "student.>", Duplicates: time.Minute, Storage: "memory", Replicas: 1})
+	stream, err := js.Stream(ctx, "STUDENTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, enc := range []natssink.Encoding{natssink.Structured, natssink.Binary} {
+		p, err := natssink.NewPublisher(nc, natssink.Config{Layout: layout(t), Stream: "STUDENTS", Encoding: enc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev := testEvent(t, "io.k8s.example.student.created", fmt.Sprint("id-", i), map[string]string{"name": "wang"})
+		encoded, err := json.Marshal(ev)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := p.PublishEncoded(ctx, ev, encoded)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := stream.GetMsg(ctx, r.Sequence)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := natssink.EncodeMsg(ctx, ev, r.Subject, enc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got.Data) != string(want.Data) {
+			t.Errorf("%s: stored\n%s\nwant\n%s", enc, got.Data, want.Data)
+		}
+		for k := range want.Header {
+			if got.Header.Get(k) != want.Header.Get(k) {
+				t.Errorf("%s: header %s is %q, want %q", enc, k, got.Header.Get(k), want.Header.Get(k))
+			}
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
+	"github.com/cloudevents/sdk-go/v2/binding/format"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -106,7 +107,16 @@ func NewPublisher(nc *nats.Conn, cfg Config) (*Publisher, error) {
 // acknowledged the event (JetStream mode) or the server received it (Core
 // mode). Nothing is reported as sent while the connection is down.
 func (p *Publisher) Publish(ctx context.Context, event cloudevents.Event) (sink.Receipt, error) {
-	msg, err := p.message(ctx, event)
+	return p.PublishEncoded(ctx, event, nil)
+}
+
+// PublishEncoded is Publish of an event the caller has already encoded
+// as JSON (json.Marshal of the event: a structured CloudEvent, as the
+// bridge's reservation holds it). In the structured encoding the message
+// is that JSON, not encoded again; in the binary one, or without it, the
+// event is encoded as Publish does.
+func (p *Publisher) PublishEncoded(ctx context.Context, event cloudevents.Event, encoded []byte) (sink.Receipt, error) {
+	msg, err := p.message(ctx, event, encoded)
 	if err != nil {
 		return sink.Receipt{}, err
 	}
@@ -141,12 +151,20 @@ func (p *Publisher) Publish(ctx context.Context, event cloudevents.Event) (sink.
 	return sink.Receipt{Subject: subject, Stream: ack.Stream, Sequence: ack.Sequence, Duplicate: ack.Duplicate}, nil
 }
 
-// message is event as the NATS message it is published as.
-func (p *Publisher) message(ctx context.Context, event cloudevents.Event) (*nats.Msg, error) {
+// message is event as the NATS message it is published as; encoded, if
+// not nil, is the event as JSON.
+func (p *Publisher) message(ctx context.Context, event cloudevents.Event, encoded []byte) (*nats.Msg, error) {
 	subject := p.cfg.Layout.Subject(event)
-	msg, err := EncodeMsg(ctx, event, subject, p.cfg.Encoding)
-	if err != nil {
-		return nil, err
+	var msg *nats.Msg
+	if encoded != nil && (p.cfg.Encoding == Structured || p.cfg.Encoding == "") {
+		msg = nats.NewMsg(subject)
+		msg.Header.Set(headerContentType, format.JSON.MediaType())
+		msg.Data = encoded
+	} else {
+		var err error
+		if msg, err = EncodeMsg(ctx, event, subject, p.cfg.Encoding); err != nil {
+			return nil, err
+		}
 	}
 	// The W3C trace context also as a plain traceparent header, in both
 	// encodings: nats-server's message tracing follows that header (an

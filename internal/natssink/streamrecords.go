@@ -214,7 +214,7 @@ func (s *StreamRecords) write(ctx context.Context, op string, m *nats.Msg) (uint
 // atomic batch whose commit (the record) is the only message that waits
 // for an answer. One round trip.
 func (s *StreamRecords) Commit(ctx context.Context, event cloudevents.Event, key string, value []byte, revision uint64) (sink.Receipt, uint64, error) {
-	ev, err := s.p.message(ctx, event)
+	ev, err := s.p.message(ctx, event, nil)
 	if err != nil {
 		return sink.Receipt{}, 0, err
 	}
