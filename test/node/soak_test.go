@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,6 +39,7 @@ var (
 	soakFaultEvery = flag.Duration("soak-fault-every", 5*time.Minute, "Time between the soak's faults, which cycle through the node tier's.")
 	soakSampleEach = flag.Duration("soak-sample", 30*time.Second, "Time between the soak's samples.")
 	soakSettled    = flag.Duration("soak-settled", soak.Settled, "Time from the soak's start its trends are read from (at least half the soak is needed).")
+	soakFaults     = flag.String("soak-faults", "", "Only the faults whose names match this regular expression (e.g. 'pod deleted|container killed'); empty: all.")
 	soakOut        = flag.String("soak-out", "", "Results file (JSON) of the soak; empty: none.")
 )
 
@@ -76,7 +78,7 @@ func TestSoak(t *testing.T) {
 	}()
 
 	start := time.Now()
-	faults := append(nodeFaults(s), storeFaults(s)...)
+	faults := selectFaults(t, append(nodeFaults(s), storeFaults(s)...), *soakFaults)
 	nextFault, nextSample := start.Add(*soakFaultEvery), start
 	for i := 0; time.Since(start) < *soakFor; {
 		if now := time.Now(); !now.Before(nextSample) {
@@ -131,6 +133,26 @@ func TestSoak(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// selectFaults keeps the faults whose names match the regular expression
+// expr (all of them when it is empty).
+func selectFaults(t *testing.T, faults []fault, expr string) []fault {
+	t.Helper()
+	re, err := regexp.Compile(expr)
+	if err != nil {
+		t.Fatalf("-soak-faults: %v", err)
+	}
+	var out []fault
+	for _, f := range faults {
+		if re.MatchString(f.name) {
+			out = append(out, f)
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("-soak-faults %q matches no fault", expr)
+	}
+	return out
 }
 
 // soakStreams are the streams the soak samples, each with the connection
