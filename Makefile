@@ -105,7 +105,7 @@ control-plane: $(CONTROL_PLANE) ## Build kube-apiserver, etcd and kubectl into b
 # nothing built: the "nothing" tier of docs/development.md but the AsyncAPI
 # parser (internal/contractgen, which installs from npm), and the
 # benchmark's rendering.
-UNIT_PKGS := ./api/contract ./cmd/student-bridge ./internal/config ./internal/stages ./internal/queue ./internal/records
+UNIT_PKGS := ./api/contract ./cmd/student-bridge ./internal/config ./internal/stages ./internal/queue ./internal/records ./internal/soak
 
 .PHONY: test-unit
 test-unit: ## Run the tests that start no server, in seconds: nothing is built for them.

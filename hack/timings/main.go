@@ -61,7 +61,7 @@ var tiers = []struct {
 	name string
 	pkgs []string
 }{
-	{"nothing", []string{"api/contract", "internal/queue", "internal/records", "internal/config", "internal/stages", "internal/contractgen", "internal/publicapi", "cmd/student-bridge"}},
+	{"nothing", []string{"api/contract", "internal/queue", "internal/records", "internal/config", "internal/stages", "internal/soak", "internal/contractgen", "internal/publicapi", "cmd/student-bridge"}},
 	{"NATS", []string{"internal/natssink", "internal/natsconn", "internal/tail", "internal/verify", "internal/fleet", "consumer"}},
 	{"API server", []string{"api/v1", "reconciler", "internal/statusview", "internal/kubeevents", "internal/shards", "internal/bridge", "internal/stack", "deploy", "examples/roster"}},
 	{"processes", []string{"test/e2e", "test/bench", "test/node"}},
