@@ -16,7 +16,7 @@ import (
 )
 
 // Markdown renders a soak for the docs: the run, what its end found, each
-// fault and its recovery, each quantity's trend after Settled and the
+// fault and its recovery, each quantity's trend once settled and the
 // streams' limits, and the plot (chart, a path relative to the page).
 func Markdown(res Results, chart string) string {
 	var b strings.Builder
@@ -39,7 +39,9 @@ func Markdown(res Results, chart string) string {
 	d, settled := res.Durations()
 	fmt.Fprintf(&b, "| quantity (summed over pods) | at minute %.0f | at the end | slope an hour | grown after minute %.0f | bound |\n| --- | ---: | ---: | ---: | ---: | --- |\n",
 		settled.Minutes(), settled.Minutes())
-	for _, g := range res.Slopes {
+	// The trends are read from the samples again, so that every run's
+	// table reads them the same way (Slopes), whichever way its run did.
+	for _, g := range Slopes(res.Samples, settled) {
 		bound := ""
 		if slices.Contains(Bounded, g.Quantity) {
 			bound = fmt.Sprintf("at most %+.0f %%", 100*MaxGrowth)

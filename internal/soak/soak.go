@@ -83,7 +83,7 @@ type End struct {
 }
 
 // Growth is one quantity's level once settled, at the end, and its slope
-// between (least squares, per hour).
+// between (Theil-Sen, per hour).
 type Growth struct {
 	Quantity string  `json:"quantity"`
 	Settled  float64 `json:"settled"`
@@ -111,7 +111,7 @@ func (r Results) Durations() (d, settled time.Duration) {
 }
 
 // Slopes reads, for each total, its level at settled, at the end, and its
-// least-squares slope between.
+// slope between.
 func Slopes(samples []Sample, settled time.Duration) []Growth {
 	names := map[string]bool{}
 	for _, s := range samples {
@@ -135,21 +135,26 @@ func Slopes(samples []Sample, settled time.Duration) []Growth {
 	return out
 }
 
+// slope is the Theil-Sen estimate of ys's slope against xs: the median of
+// the slopes between every two samples. A least-squares line is pulled by
+// a transient near either end (a rollout restart's new pods loading every
+// Student: a peak of minutes); the median of the pairs is not, while a
+// steady growth moves every pair.
 func slope(xs, ys []float64) float64 {
-	var mx, my float64
+	var slopes []float64
 	for i := range xs {
-		mx += xs[i]
-		my += ys[i]
+		for j := i + 1; j < len(xs); j++ {
+			if dx := xs[j] - xs[i]; dx != 0 {
+				slopes = append(slopes, (ys[j]-ys[i])/dx)
+			}
+		}
 	}
-	mx /= float64(len(xs))
-	my /= float64(len(ys))
-	var num, den float64
-	for i := range xs {
-		num += (xs[i] - mx) * (ys[i] - my)
-		den += (xs[i] - mx) * (xs[i] - mx)
-	}
-	if den == 0 {
+	if len(slopes) == 0 {
 		return 0
 	}
-	return num / den
+	slices.Sort(slopes)
+	if n := len(slopes); n%2 == 0 {
+		return (slopes[n/2-1] + slopes[n/2]) / 2
+	}
+	return slopes[len(slopes)/2]
 }
