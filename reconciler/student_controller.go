@@ -327,6 +327,15 @@ func (r *StudentReconciler) reconcileDelete(ctx context.Context, stu *studentv1.
 func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.NamespacedName) (ctrl.Result, error) {
 	recs := r.records.ForName(key)
 	if len(recs) == 0 {
+		// Its record went with the delete (removeRecord), and its receipts
+		// with it; but a service's receipt of the deleted event can come
+		// after, while the Student was still there, finalizer and all.
+		// Gone now, it has none.
+		if s, ok := r.gone.Load(key); ok {
+			if err := r.receipts.Forget(ctx, string(s.(*studentv1.Student).UID)); err != nil {
+				return ctrl.Result{}, err
+			}
+		}
 		r.gone.Delete(key)
 		return ctrl.Result{}, nil
 	}

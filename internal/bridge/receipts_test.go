@@ -185,6 +185,66 @@ func TestReceiptsShowOnTheStudent(t *testing.T) {
 	}
 }
 
+// TestReceiptOfTheDeletedEventGoes: a service's receipt of a Student's
+// deleted event that comes after the bridge removed its receipts, while
+// the Student is still there (another finalizer holds it), goes with the
+// Student, from the bucket and from the bridge's memory. Kept, one
+// would pile up for every deleted Student.
+func TestReceiptOfTheDeletedEventGoes(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "late")
+	startBridge(t, cfg)
+	js, err := jetstream.New(natsConn(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const hold = "example.com/hold"
+	stu := newStudent(ns, "late", "wang", "china")
+	stu.Finalizers = []string{hold}
+	if err := st.Client.Create(ctx, stu); err != nil {
+		t.Fatal(err)
+	}
+	waitStream(t, natsConn(t), cfg.NATS.Stream.Name, 1)
+	if err := st.Client.Delete(ctx, stu); err != nil {
+		t.Fatal(err)
+	}
+	var deleted stacktest.Received
+	stacktest.WaitFor(t, "the deleted event", func() error {
+		got, err := stacktest.StreamEvents(ctx, natsConn(t), cfg.NATS.Stream.Name)
+		if err != nil || len(got) < 2 {
+			return fmt.Errorf("%d events: %v", len(got), err)
+		}
+		deleted = got[1]
+		return nil
+	})
+	kv, err := js.KeyValue(ctx, cfg.Receipts.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied := receiptCount(t, studentv1.ResultApplied)
+	b, _ := json.Marshal(studentv1.Receipt{Service: "billing", UID: string(stu.UID), Namespace: ns, Name: stu.Name,
+		EventID: deleted.Event.ID(), Generation: stu.Generation, Result: studentv1.ResultApplied, Time: metav1.Now()})
+	key := studentv1.ReceiptKey("billing", string(stu.UID))
+	if _, err := kv.Put(ctx, key, b); err != nil {
+		t.Fatal(err)
+	}
+	stacktest.WaitFor(t, "the late receipt taken", func() error {
+		if n := receiptCount(t, studentv1.ResultApplied); n <= applied {
+			return fmt.Errorf("receipts counted applied %v", n)
+		}
+		return nil
+	})
+	held := getStudent(t, ns, stu.Name)
+	patch(t, held, func(s *studentv1.Student) { s.Finalizers = nil })
+	stacktest.WaitFor(t, "the late receipt gone with the Student", func() error {
+		if _, err := kv.Get(ctx, key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("the receipt of the deleted Student: %v", err)
+		}
+		return nil
+	})
+}
+
 // receiptCount reads student_bridge_receipts_total{result} of this
 // process (every bridge of this test binary counts).
 func receiptCount(t *testing.T, result string) float64 {
