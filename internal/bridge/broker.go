@@ -203,11 +203,7 @@ func (l *recordLoader) Start(ctx context.Context) error {
 		return nil
 	}
 	if kv != nil {
-		go func() {
-			if err := kv.PurgeDeleteMarkers(ctx); err != nil && ctx.Err() == nil {
-				l.log.Info("purging the delete markers of removed records failed; they are purged at the next start", "reason", err.Error())
-			}
-		}()
+		go l.purgeDeleteMarkers(ctx, kv)
 	}
 	if !l.mgr.GetCache().WaitForCacheSync(ctx) {
 		return nil
@@ -220,6 +216,26 @@ func (l *recordLoader) Start(ctx context.Context) error {
 		l.log.Info("catching up with what changed while no bridge ran, first", "changed", changed, "gone", gone)
 	}
 	return nil
+}
+
+// purgeDeleteMarkers purges the record store's delete markers older than
+// records.deleteMarkerAge now and every that long, until ctx ends. Each
+// removed record leaves one: purged only at a start, they would pile up,
+// one per deleted Student, in a bridge that runs for days.
+func (l *recordLoader) purgeDeleteMarkers(ctx context.Context, kv *natssink.KV) {
+	age := l.cfg.Records.DeleteMarkerAge
+	tick := time.NewTicker(age)
+	defer tick.Stop()
+	for {
+		if err := kv.PurgeDeleteMarkers(ctx, age); err != nil && ctx.Err() == nil {
+			l.log.Info("purging the delete markers of removed records failed; tried again later", "reason", err.Error(), "in", age.String())
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // connectionWatch stops the bridge once its NATS connection gave up

@@ -346,3 +346,55 @@ func bridgeStacks() string {
 	}
 	return strings.Join(out, "\n\n")
 }
+
+// TestDeleteMarkersPurgedWhileRunning: the delete markers removed records
+// leave are purged once older than records.deleteMarkerAge while the
+// bridge runs, not only at its next start.
+func TestDeleteMarkersPurgedWhileRunning(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "markers")
+	cfg.Records.DeleteMarkerAge = 3 * time.Second
+	startBridge(t, cfg)
+	nc := natsConn(t)
+	createStudents(t, ns, "s%d", 5)
+	waitStream(t, nc, cfg.NATS.Stream.Name, 5)
+	for i := range 5 {
+		if err := st.Client.Delete(ctx, getStudent(t, ns, fmt.Sprintf("s%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStream(t, nc, cfg.NATS.Stream.Name, 10)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, cfg.Records.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	markers := func() int {
+		t.Helper()
+		w, err := kv.WatchAll(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Stop()
+		n := 0
+		for e := range w.Updates() {
+			if e == nil {
+				break
+			}
+			if op := e.Operation(); op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge {
+				n++
+			}
+		}
+		return n
+	}
+	stacktest.WaitFor(t, "the markers purged", func() error {
+		if n := markers(); n != 0 {
+			return fmt.Errorf("the bucket holds %d delete markers; they are older than %s", n, cfg.Records.DeleteMarkerAge)
+		}
+		return nil
+	})
+}

@@ -92,6 +92,8 @@ func (c *Config) Validate() error {
 		return notAChoice("records.storage", c.Records.Storage)
 	case c.Records.Replicas < 1 || c.Records.Replicas > 5:
 		return bad("records.replicas", "%d: want 1 to 5", c.Records.Replicas)
+	case c.Records.DeleteMarkerAge <= 0:
+		return bad("records.deleteMarkerAge", "%s must be positive", c.Records.DeleteMarkerAge)
 	case !isChoice("records.store", c.Records.Store):
 		return notAChoice("records.store", c.Records.Store)
 	case c.Records.Store == RecordsInStream && c.NATS.Mode != "jetstream":

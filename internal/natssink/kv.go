@@ -148,17 +148,14 @@ func HasSource(sources []*jetstream.StreamSource, src *jetstream.StreamSource) b
 	})
 }
 
-// DeleteMarkerAge is how long a removed record's delete marker stays in
-// the bucket. While it is there, a writer that still thinks the key has
-// no record (a replica paused before its first reservation of a Student
-// that another replica then published, deleted and removed) is refused.
-const DeleteMarkerAge = 10 * time.Minute
-
-// PurgeDeleteMarkers removes the delete markers older than DeleteMarkerAge
+// PurgeDeleteMarkers removes the delete markers older than olderThan
 // that removed records leave behind, so they do not pile up in the bucket.
-func (s *KV) PurgeDeleteMarkers(ctx context.Context) error {
+// While a marker is there, a writer that still thinks the key has no
+// record (a replica paused before its first reservation of a Student that
+// another replica then published, deleted and removed) is refused.
+func (s *KV) PurgeDeleteMarkers(ctx context.Context, olderThan time.Duration) error {
 	count(requestPurge)
-	if err := s.kv.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(DeleteMarkerAge)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+	if err := s.kv.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(olderThan)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return s.classify("purge delete markers", err)
 	}
 	return nil
