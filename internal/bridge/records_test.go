@@ -379,7 +379,7 @@ func TestDeleteMarkersPurgedWhileRunning(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer w.Stop()
+		defer func() { _ = w.Stop() }()
 		n := 0
 		for e := range w.Updates() {
 			if e == nil {
