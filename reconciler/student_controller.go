@@ -632,7 +632,9 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		r.warn(ctx, stu, err, "publishing %s (id %s) failed: %v", typ, ev.ID(), err)
 		return r.failed(key, terminalIfInvalid(fmt.Errorf("publish %s %s: %w", typ, ev.ID(), err)))
 	}
-	log.FromContext(ctx).V(1).Info("published", "type", typ, "id", ev.ID(), "subject", receipt.Subject, "sequence", receipt.Sequence, "duplicate", receipt.Duplicate)
+	if l := log.FromContext(ctx).V(1); l.Enabled() { // the arguments allocate even when the level is off
+		l.Info("published", "type", typ, "id", ev.ID(), "subject", receipt.Subject, "sequence", receipt.Sequence, "duplicate", receipt.Duplicate)
+	}
 	r.recorder.Eventf(stu, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "published %s to %s, id %s, stream sequence %d", typ, receipt.Subject, ev.ID(), receipt.Sequence)
 
 	rec.Published.Sequence = int64(receipt.Sequence)
@@ -668,7 +670,9 @@ func (r *StudentReconciler) commit(ctx context.Context, c sink.Committer, stu *s
 		r.warn(ctx, stu, err, "publishing %s (id %s) failed: %v", typ, ev.ID(), err)
 		return r.failed(key, terminalIfInvalid(fmt.Errorf("publish %s %s: %w", typ, ev.ID(), err)))
 	}
-	log.FromContext(ctx).V(1).Info("published", "type", typ, "id", ev.ID(), "subject", receipt.Subject, "sequence", receipt.Sequence)
+	if l := log.FromContext(ctx).V(1); l.Enabled() {
+		l.Info("published", "type", typ, "id", ev.ID(), "subject", receipt.Subject, "sequence", receipt.Sequence)
+	}
 	r.recorder.Eventf(stu, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "published %s to %s, id %s, stream sequence %d", typ, receipt.Subject, ev.ID(), receipt.Sequence)
 	r.succeeded(key)
 	return nil
