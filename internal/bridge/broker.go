@@ -203,7 +203,7 @@ func (l *recordLoader) Start(ctx context.Context) error {
 		return nil
 	}
 	if kv != nil {
-		go l.purgeDeleteMarkers(ctx, kv)
+		go purgeDeleteMarkers(ctx, kv, l.cfg.Records.DeleteMarkerAge, l.log)
 	}
 	if !l.mgr.GetCache().WaitForCacheSync(ctx) {
 		return nil
@@ -218,17 +218,17 @@ func (l *recordLoader) Start(ctx context.Context) error {
 	return nil
 }
 
-// purgeDeleteMarkers purges the record store's delete markers older than
-// records.deleteMarkerAge now and every that long, until ctx ends. Each
-// removed record leaves one: purged only at a start, they would pile up,
-// one per deleted Student, in a bridge that runs for days.
-func (l *recordLoader) purgeDeleteMarkers(ctx context.Context, kv *natssink.KV) {
-	age := l.cfg.Records.DeleteMarkerAge
+// purgeDeleteMarkers purges the delete markers older than age from a
+// bucket (the record store's, the receipts') now and every age, until ctx
+// ends. Each removed record or receipt leaves one: purged only at a
+// start, they would pile up, one per deleted Student, in a bridge that
+// runs for days.
+func purgeDeleteMarkers(ctx context.Context, kv *natssink.KV, age time.Duration, log logr.Logger) {
 	tick := time.NewTicker(age)
 	defer tick.Stop()
 	for {
 		if err := kv.PurgeDeleteMarkers(ctx, age); err != nil && ctx.Err() == nil {
-			l.log.Info("purging the delete markers of removed records failed; tried again later", "reason", err.Error(), "in", age.String())
+			log.Info("purging the delete markers of a bucket failed; tried again later", "reason", err.Error(), "in", age.String())
 		}
 		select {
 		case <-ctx.Done():

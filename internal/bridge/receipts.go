@@ -3,6 +3,7 @@ package bridge
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/go-logr/logr"
 	"github.com/nats-io/nats.go"
@@ -43,6 +44,7 @@ func (w *receiptWatch) Start(ctx context.Context) error {
 	if f := w.cfg.Fleet; f.HubDomain != "" {
 		bucket.Source = fleet.ReceiptsSource(f.HubDomain, f.ReceiptsBucket, w.cfg.Cluster, bucket.Name)
 	}
+	var purging sync.Once
 	err := retry(ctx, w.log, "receipts watch", func(ctx context.Context) error {
 		if !w.nc.IsConnected() {
 			return fmt.Errorf("NATS %s", w.nc.Status())
@@ -54,6 +56,9 @@ func (w *receiptWatch) Start(ctx context.Context) error {
 			return err
 		}
 		w.parts.receipts.SetStore(store)
+		// A deleted Student's receipts are removed (statusview.Receipts'
+		// Forget), each leaving a delete marker.
+		purging.Do(func() { go purgeDeleteMarkers(ctx, store, w.cfg.Records.DeleteMarkerAge, w.log) })
 		return store.Watch(ctx, func(rec sink.Record, deleted bool) { w.apply(ctx, rec, deleted) }, func() {
 			w.log.Info("receipts loaded", "bucket", bucket.Name, "receipts", w.parts.receipts.Len())
 		})

@@ -348,8 +348,8 @@ func bridgeStacks() string {
 }
 
 // TestDeleteMarkersPurgedWhileRunning: the delete markers removed records
-// leave are purged once older than records.deleteMarkerAge while the
-// bridge runs, not only at its next start.
+// and receipts leave are purged once older than records.deleteMarkerAge
+// while the bridge runs, not only at its next start.
 func TestDeleteMarkersPurgedWhileRunning(t *testing.T) {
 	ctx := context.Background()
 	ns := newNamespace(t)
@@ -357,44 +357,66 @@ func TestDeleteMarkersPurgedWhileRunning(t *testing.T) {
 	cfg.Records.DeleteMarkerAge = 3 * time.Second
 	startBridge(t, cfg)
 	nc := natsConn(t)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var records, receipts jetstream.KeyValue
+	stacktest.WaitFor(t, "both buckets", func() (err error) {
+		if records, err = js.KeyValue(ctx, cfg.Records.Bucket); err != nil {
+			return err
+		}
+		receipts, err = js.KeyValue(ctx, cfg.Receipts.Bucket)
+		return err
+	})
 	createStudents(t, ns, "s%d", 5)
-	waitStream(t, nc, cfg.NATS.Stream.Name, 5)
+	events := waitStream(t, nc, cfg.NATS.Stream.Name, 5)
+	applied := receiptCount(t, studentv1.ResultApplied)
+	for _, e := range events {
+		stu := getStudent(t, ns, e.Data.Metadata.Name)
+		b, _ := json.Marshal(studentv1.Receipt{Service: "billing", UID: string(stu.UID), Namespace: ns, Name: stu.Name,
+			EventID: e.Event.ID(), Generation: stu.Generation, Result: studentv1.ResultApplied, Time: metav1.Now()})
+		if _, err := receipts.Put(ctx, studentv1.ReceiptKey("billing", string(stu.UID)), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stacktest.WaitFor(t, "the receipts taken", func() error {
+		if n := receiptCount(t, studentv1.ResultApplied); n < applied+5 {
+			return fmt.Errorf("receipts counted applied %v, want %v", n, applied+5)
+		}
+		return nil
+	})
 	for i := range 5 {
 		if err := st.Client.Delete(ctx, getStudent(t, ns, fmt.Sprintf("s%d", i))); err != nil {
 			t.Fatal(err)
 		}
 	}
 	waitStream(t, nc, cfg.NATS.Stream.Name, 10)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kv, err := js.KeyValue(ctx, cfg.Records.Bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	markers := func() int {
-		t.Helper()
-		w, err := kv.WatchAll(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = w.Stop() }()
-		n := 0
-		for e := range w.Updates() {
-			if e == nil {
-				break
-			}
-			if op := e.Operation(); op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge {
-				n++
-			}
-		}
-		return n
-	}
 	stacktest.WaitFor(t, "the markers purged", func() error {
-		if n := markers(); n != 0 {
-			return fmt.Errorf("the bucket holds %d delete markers; they are older than %s", n, cfg.Records.DeleteMarkerAge)
+		for name, kv := range map[string]jetstream.KeyValue{"records": records, "receipts": receipts} {
+			if n := markers(t, kv); n != 0 {
+				return fmt.Errorf("the %s bucket holds %d delete markers; they are older than %s", name, n, cfg.Records.DeleteMarkerAge)
+			}
 		}
 		return nil
 	})
+}
+
+// markers counts the delete markers in kv.
+func markers(t *testing.T, kv jetstream.KeyValue) (n int) {
+	t.Helper()
+	w, err := kv.WatchAll(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Stop() }()
+	for e := range w.Updates() {
+		if e == nil {
+			break
+		}
+		if op := e.Operation(); op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge {
+			n++
+		}
+	}
+	return n
 }
