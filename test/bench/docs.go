@@ -50,6 +50,7 @@ var docKinds = map[string]func(Results) (string, error){
 		}
 		return goBenchTable(*res.OneChange), nil
 	},
+	"profiles": profileTable,
 	"scale": func(res Results) (string, error) {
 		if res.Scale == nil {
 			return "", fmt.Errorf("no memory, restart and failover phases in this run")

@@ -136,6 +136,8 @@ type result struct {
 	// scheduled to the last event that covered one: at a rate beyond the
 	// variant's capacity, its capacity.
 	drained float64
+	// profiles are the bridge processes' (BENCH_PROFILE_DIR).
+	profiles []Profile
 }
 
 func (t *tracker) result(variant string, rate int) result {

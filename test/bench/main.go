@@ -537,15 +537,31 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 			return result{}, err
 		}
 	}
+	var profiled sync.WaitGroup
+	var summaries []func() (Profile, error)
 	if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
 		// Mid-run profiles of this process (generator, NATS and, for the
 		// bridge variants, the bridge itself): where the bridge waits.
+		// The bridge's CPU and allocations over the middle half, which
+		// the results summarise (Profile).
+		seconds := max(1, int(benchDuration/2/time.Second))
 		for i, p := range r.procs {
 			if p.pprof != "" {
+				cpu, allocs := fmt.Sprintf("%s-bridge%d-cpu.pb.gz", id, i), fmt.Sprintf("%s-bridge%d-allocs.pb.gz", id, i)
+				profiled.Add(2)
 				go func() {
+					defer profiled.Done()
 					time.Sleep(benchDuration / 4)
-					saveProfile(p.pprof, fmt.Sprintf("profile?seconds=%d", max(1, int(benchDuration/2/time.Second))), fmt.Sprintf("%s-bridge%d-cpu.pb.gz", id, i))
+					saveProfile(p.pprof, fmt.Sprintf("profile?seconds=%d", seconds), cpu)
 				}()
+				go func() {
+					defer profiled.Done()
+					time.Sleep(benchDuration / 4)
+					saveProfile(p.pprof, fmt.Sprintf("allocs?seconds=%d", seconds), allocs)
+				}()
+				summaries = append(summaries, func() (Profile, error) {
+					return summarise(i, float64(seconds), filepath.Join(dir, cpu), filepath.Join(dir, allocs))
+				})
 			}
 		}
 		go func() {
@@ -574,6 +590,7 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 		behind = publishCeiling(ctx, e, r, rate, durationFor(rate))
 	}
 	settle(r.tr)
+	profiled.Wait()
 	cpu, cpCPU := cpuSeconds()-cpu0, controlPlaneCPU()-cp0
 	stages1, err := stages.Snapshot()
 	var own1 usage
@@ -623,6 +640,13 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 	}
 	res.cpuSeconds = cpu
 	res.controlPlaneCPU = cpCPU
+	for _, summary := range summaries {
+		p, err := summary()
+		if err != nil {
+			return result{}, fmt.Errorf("profile of %s: %w", id, err)
+		}
+		res.profiles = append(res.profiles, p)
+	}
 	r.mu.Lock()
 	res.receiptToStatus, res.applied = r.receiptToStatus, r.applied.Load()
 	r.mu.Unlock()

@@ -76,6 +76,8 @@ type Rep struct {
 	Applied         int64                       `json:"applied"`
 	ReceiptToStatus []float64                   `json:"receiptToStatusMs,omitempty"`
 	Stages          map[string]stages.Histogram `json:"stages,omitempty"`
+	// Profiles are the bridge processes' profiles (BENCH_PROFILE_DIR).
+	Profiles []Profile `json:"profiles,omitempty"`
 }
 
 // finite is x, or 0 for what JSON cannot hold (a rate of nothing over no
@@ -101,7 +103,7 @@ func repOf(r result) Rep {
 		APICallP99ms: toMS(r.apiP99),
 		Behind:       r.behind, StudentWrites: r.studentWrites, EventWrites: r.eventWrites, CPUSeconds: finite(r.cpuSeconds),
 		OwnCPUSeconds: finite(r.ownCPU), ControlPlaneCPU: finite(r.controlPlaneCPU), NATSSent: r.natsSent, NATSReceived: r.natsReceived,
-		Drained: finite(r.drained), Applied: r.applied, Stages: r.stages,
+		Drained: finite(r.drained), Applied: r.applied, Stages: r.stages, Profiles: r.profiles,
 	}
 	for _, d := range r.receiptToStatus {
 		rep.ReceiptToStatus = append(rep.ReceiptToStatus, toMS(d))
@@ -115,7 +117,7 @@ func (rep Rep) result(variant string, rate int) result {
 		unobserved: rep.Unobserved, duplicates: rep.Duplicates, events: rep.Events, p50: fromMS(rep.P50ms), p99: fromMS(rep.P99ms),
 		p999: fromMS(rep.P999ms), apiP99: fromMS(rep.APICallP99ms), behind: rep.Behind, studentWrites: rep.StudentWrites, eventWrites: rep.EventWrites,
 		cpuSeconds: rep.CPUSeconds, ownCPU: rep.OwnCPUSeconds, controlPlaneCPU: rep.ControlPlaneCPU, natsSent: rep.NATSSent,
-		natsReceived: rep.NATSReceived, drained: rep.Drained, applied: rep.Applied, stages: rep.Stages,
+		natsReceived: rep.NATSReceived, drained: rep.Drained, applied: rep.Applied, stages: rep.Stages, profiles: rep.Profiles,
 	}
 	for _, ms := range rep.ReceiptToStatus {
 		r.receiptToStatus = append(r.receiptToStatus, fromMS(ms))
