@@ -127,7 +127,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 	}
 	if cfg.Receipts.Bucket != "" {
 		defer p.r.CountServices()()
-		if err := mgr.Add(&receiptWatch{nc: nc, cfg: cfg, mgr: mgr, parts: p, log: log.WithName("receipts")}); err != nil {
+		if err := mgr.Add(&receiptWatch{nc: nc, cfg: cfg, mgr: mgr, parts: p, recs: recs, log: log.WithName("receipts")}); err != nil {
 			return err
 		}
 	}

@@ -10,9 +10,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
@@ -254,4 +257,99 @@ func receiptCount(t *testing.T, result string) float64 {
 		t.Fatal(err)
 	}
 	return v
+}
+
+// TestReceiptAfterTheStudentWentGoes: a service's receipt written after
+// the Student is gone (the usual order for its deleted event: the bridge
+// removes the finalizer as soon as the event is acknowledged) is removed
+// from the bucket by the sweep, every records.deleteMarkerAge, while a
+// living Student's receipt stays, and so does the receipt of a Student
+// this replica's cache does not have yet but the record store does (a
+// Student just created, published by another replica).
+func TestReceiptAfterTheStudentWentGoes(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "after")
+	cfg.Records.DeleteMarkerAge = 2 * time.Second
+	startBridge(t, cfg)
+	js, err := jetstream.New(natsConn(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, kept := newStudent(ns, "gone", "wang", "china"), newStudent(ns, "kept", "li", "china")
+	for _, s := range []*studentv1.Student{gone, kept} {
+		if err := st.Client.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStream(t, natsConn(t), cfg.NATS.Stream.Name, 2)
+	if err := st.Client.Delete(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	var deleted, created stacktest.Received
+	stacktest.WaitFor(t, "the deleted event, and the Student gone", func() error {
+		got, err := stacktest.StreamEvents(ctx, natsConn(t), cfg.NATS.Stream.Name)
+		if err != nil || len(got) < 3 {
+			return fmt.Errorf("%d events: %v", len(got), err)
+		}
+		deleted = got[2]
+		for _, ev := range got {
+			if ev.Data.Metadata.Name == kept.Name {
+				created = ev
+			}
+		}
+		var s studentv1.Student
+		if err := st.Client.Get(ctx, client.ObjectKeyFromObject(gone), &s); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("the deleted Student: %v", err)
+		}
+		return nil
+	})
+	kv, err := js.KeyValue(ctx, cfg.Receipts.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(s *studentv1.Student, eventID string) string {
+		b, _ := json.Marshal(studentv1.Receipt{Service: "billing", UID: string(s.UID), Namespace: ns, Name: s.Name,
+			EventID: eventID, Generation: s.Generation, Result: studentv1.ResultApplied, Time: metav1.Now()})
+		key := studentv1.ReceiptKey("billing", string(s.UID))
+		if _, err := kv.Put(ctx, key, b); err != nil {
+			t.Fatal(err)
+		}
+		return key
+	}
+	keptKey := put(kept, created.Event.ID())
+	records, err := js.KeyValue(ctx, cfg.Records.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer := newStudent(ns, "newer", "zhao", "china")
+	newer.UID = "6d1e5b8c-0000-4000-8000-000000000001"
+	rec, _ := json.Marshal(studentv1.StudentRecord{Namespace: ns, Name: newer.Name, UID: newer.UID,
+		Published: studentv1.PublishedEvent{Type: studentv1.EventTypeCreated, ID: "e", Time: metav1.Now()}})
+	if _, err := records.Put(ctx, contract.RecordKey(newer.UID), rec); err != nil {
+		t.Fatal(err)
+	}
+	newerKey := put(newer, "e")
+	unknown := receiptCount(t, "unknownStudent")
+	goneKey := put(gone, deleted.Event.ID())
+	stacktest.WaitFor(t, "the late receipt read", func() error {
+		if n := receiptCount(t, "unknownStudent"); n <= unknown {
+			return fmt.Errorf("receipts counted unknownStudent %v", n)
+		}
+		return nil
+	})
+	stacktest.WaitFor(t, "the late receipt removed", func() error {
+		if _, err := kv.Get(ctx, goneKey); !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return fmt.Errorf("the receipt of the gone Student: %v", err)
+		}
+		return nil
+	})
+	// Two more sweeps: the living Student's receipt stays.
+	time.Sleep(2 * cfg.Records.DeleteMarkerAge)
+	if _, err := kv.Get(ctx, keptKey); err != nil {
+		t.Fatalf("the receipt of a living Student: %v", err)
+	}
+	if _, err := kv.Get(ctx, newerKey); err != nil {
+		t.Fatalf("the receipt of a Student with a record, not yet in the cache: %v", err)
+	}
 }

@@ -60,7 +60,7 @@ type Records struct {
 	Replicas int    `key:"replicas" flag:"records-replicas" default:"1" help:"Replicas of a created bucket (3 on a 3-node cluster)."`
 	// DeleteMarkerAge: a removed record's delete marker refuses a first
 	// record for its uid while it is there.
-	DeleteMarkerAge time.Duration `key:"deleteMarkerAge" flag:"records-delete-marker-age" default:"10m" help:"How long a removed record's delete marker stays in the bucket: while it is there, a replica that lost the Student (paused before its first reservation) cannot write a first record for it. Older markers, and those of removed receipts, are purged at the start and every that long."`
+	DeleteMarkerAge time.Duration `key:"deleteMarkerAge" flag:"records-delete-marker-age" default:"10m" help:"How long a removed record's delete marker stays in the bucket: while it is there, a replica that lost the Student (paused before its first reservation) cannot write a first record for it. Older markers, and those of removed receipts, are purged at the start and every that long; the receipts of Students that are gone are removed as often."`
 	Store           string        `key:"store" flag:"records-store" default:"bucket" choices:"bucket|stream" help:"Where the records live: bucket (records.bucket), or stream, a prototype: in the events' stream under <subjectPrefix>-records.<uid>, each change one atomic batch of its event and its record (nats-server 2.12 or later; verify, services and fleets read only a bucket; docs/one-write.md)."`
 }
 

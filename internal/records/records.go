@@ -312,6 +312,23 @@ func (r *Set) Get(uid types.UID) (studentv1.StudentRecord, bool) {
 	return e.rec, true
 }
 
+// InStore reports whether the record store holds a record of uid, read
+// from the store itself: another replica may have written or removed it
+// since this one last did.
+func (r *Set) InStore(ctx context.Context, uid types.UID) (bool, error) {
+	r.mu.Lock()
+	store := r.store
+	r.mu.Unlock()
+	if store == nil {
+		return false, errors.New("the records are not loaded yet")
+	}
+	_, err := store.Get(ctx, contract.RecordKey(uid))
+	if errors.Is(err, sink.ErrNotFound) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
 // ForName returns the records of every uid that had name key.
 func (r *Set) ForName(key types.NamespacedName) []studentv1.StudentRecord {
 	r.mu.Lock()

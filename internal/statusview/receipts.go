@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/sink"
@@ -123,6 +124,24 @@ func (r *Receipts) Len() int {
 		n += len(m)
 	}
 	return n
+}
+
+// Students returns the Student each uid the view holds receipts of names
+// (the namespace and name of its latest receipt).
+func (r *Receipts) Students() map[string]types.NamespacedName {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]types.NamespacedName, len(r.byUID))
+	for uid, m := range r.byUID {
+		for _, rec := range m {
+			out[uid] = types.NamespacedName{Namespace: rec.Namespace, Name: rec.Name}
+			break
+		}
+	}
+	return out
 }
 
 // Forget removes every receipt of the Student with uid, from the view and
