@@ -632,7 +632,7 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 		r.warn(ctx, stu, err, "publishing %s (id %s) failed: %v", typ, ev.ID(), err)
 		return r.failed(key, terminalIfInvalid(fmt.Errorf("publish %s %s: %w", typ, ev.ID(), err)))
 	}
-	if l := log.FromContext(ctx).V(1); l.Enabled() { // the arguments allocate even when the level is off
+	if l := debug(ctx); l.Enabled() { // the arguments allocate even when the level is off
 		l.Info("published", "type", typ, "id", ev.ID(), "subject", receipt.Subject, "sequence", receipt.Sequence, "duplicate", receipt.Duplicate)
 	}
 	r.recorder.Eventf(stu, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "published %s to %s, id %s, stream sequence %d", typ, receipt.Subject, ev.ID(), receipt.Sequence)
@@ -670,7 +670,7 @@ func (r *StudentReconciler) commit(ctx context.Context, c sink.Committer, stu *s
 		r.warn(ctx, stu, err, "publishing %s (id %s) failed: %v", typ, ev.ID(), err)
 		return r.failed(key, terminalIfInvalid(fmt.Errorf("publish %s %s: %w", typ, ev.ID(), err)))
 	}
-	if l := log.FromContext(ctx).V(1); l.Enabled() {
+	if l := debug(ctx); l.Enabled() {
 		l.Info("published", "type", typ, "id", ev.ID(), "subject", receipt.Subject, "sequence", receipt.Sequence)
 	}
 	r.recorder.Eventf(stu, nil, corev1.EventTypeNormal, studentv1.ReasonPublished, "Publish", "published %s to %s, id %s, stream sequence %d", typ, receipt.Subject, ev.ID(), receipt.Sequence)
@@ -988,4 +988,15 @@ func changePredicate() predicate.Predicate {
 				controllerutil.ContainsFinalizer(o, studentv1.Finalizer) && !controllerutil.ContainsFinalizer(n, studentv1.Finalizer) && n.GetDeletionTimestamp() == nil
 		},
 	}
+}
+
+// debug is the reconcile's logger at V(1). log.FromContext copies the
+// logger (WithValues) on every call, which a line that is off should not
+// cost on every change.
+func debug(ctx context.Context) logr.Logger {
+	l, err := logr.FromContext(ctx)
+	if err != nil {
+		l = log.Log
+	}
+	return l.V(1)
 }

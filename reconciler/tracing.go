@@ -64,6 +64,9 @@ func endSpan(span trace.Span, err error) {
 // distributed tracing extension (traceparent, tracestate), so that a
 // consumer continues the trace.
 func carryTrace(ctx context.Context, ev *cloudevents.Event) {
+	if !trace.SpanContextFromContext(ctx).IsValid() {
+		return // nothing to carry (and no carrier to allocate)
+	}
 	c := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, c)
 	if tp := c["traceparent"]; tp != "" {
