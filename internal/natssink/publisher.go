@@ -12,6 +12,7 @@ import (
 
 	cloudevents "github.com/cloudevents/sdk-go/v2"
 	"github.com/cloudevents/sdk-go/v2/binding/format"
+	ceevent "github.com/cloudevents/sdk-go/v2/event"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -170,13 +171,24 @@ func (p *Publisher) message(ctx context.Context, event cloudevents.Event, encode
 	// encodings: nats-server's message tracing follows that header (an
 	// account with msg_trace set), and tools that know no CloudEvents
 	// see it. The event itself carries it as its traceparent attribute.
-	if tp, ok := event.Extensions()["traceparent"].(string); ok && tp != "" {
+	if tp := traceParent(event); tp != "" {
 		msg.Header.Set("traceparent", tp)
 	}
 	if err := p.fits(msg); err != nil {
 		return nil, err
 	}
 	return msg, nil
+}
+
+// traceParent is event's traceparent extension ("" if none), read
+// without the copy of every extension Extensions makes.
+func traceParent(event cloudevents.Event) string {
+	if c, ok := event.Context.(*ceevent.EventContextV1); ok {
+		tp, _ := c.Extensions["traceparent"].(string)
+		return tp
+	}
+	tp, _ := event.Extensions()["traceparent"].(string)
+	return tp
 }
 
 // fits refuses a message larger than the server takes.
