@@ -184,8 +184,17 @@ func checkBridgeAndConsumer(t *testing.T, url string) {
 	}
 
 	// The receipts bucket is created and watched with the shipped
-	// permissions.
-	bridgeBucket(t, url, "STUDENT_BRIDGE_RECEIPTS")
+	// permissions, and the bridge purges both buckets' delete markers
+	// (records.deleteMarkerAge): a removed receipt leaves one too.
+	bridgeReceipts := bridgeBucket(t, url, "STUDENT_BRIDGE_RECEIPTS")
+	if err := bridgeReceipts.Delete(ctx, "roster."+string(stu.UID)); err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range []jetstream.KeyValue{bridgeKV, bridgeReceipts} {
+		if err := kv.PurgeDeletes(ctx); err != nil {
+			t.Errorf("the bridge purging the delete markers of %s: %v", kv.Bucket(), err)
+		}
+	}
 
 	// A business service, as user roster, mirrors the Students and writes
 	// its own receipts, and no other service's.
