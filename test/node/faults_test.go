@@ -164,7 +164,8 @@ func without(uids ...types.UID) func([]corev1.Pod) error {
 // streamLeader is the NATS server (its pod's name) leading the stream.
 func streamLeader(t *testing.T, s secrets, stream string) string {
 	t.Helper()
-	js := consumerJS(t, natsURL(t, "consumer", s.consumer))
+	js, done := consumerJS(t, natsURL(t, "consumer", s.consumer))
+	defer done()
 	var leader string
 	err := stacktest.Eventually(30*time.Second, func() (err error) {
 		leader, err = leaderOf(js, stream)
@@ -176,15 +177,17 @@ func streamLeader(t *testing.T, s secrets, stream string) string {
 	return leader
 }
 
-// consumerJS is JetStream at url (as the consumer user), closed with t.
-func consumerJS(t *testing.T, url string) jetstream.JetStream {
+// consumerJS is JetStream at url (as the consumer user) and the close of
+// its connection: a fault's connection is closed once the fault is made,
+// not with the test (a soak makes dozens of faults).
+func consumerJS(t *testing.T, url string) (jetstream.JetStream, func()) {
 	t.Helper()
 	nc := connectNATS(t, url)
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return js
+	return js, nc.Close
 }
 
 // leaderOf is the server that leads stream now.
@@ -372,7 +375,8 @@ func storeFaults(s secrets) []fault {
 					other = q.Status.PodIP
 				}
 			}
-			js := consumerJS(t, fmt.Sprintf("nats://consumer:%s@%s:4222", s.consumer, other))
+			js, done := consumerJS(t, fmt.Sprintf("nats://consumer:%s@%s:4222", s.consumer, other))
+			defer done()
 			ctr(t, &p, "tasks", "pause")
 			err := stacktest.Eventually(time.Minute, func() error {
 				l, err := leaderOf(js, recordStream)
