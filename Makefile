@@ -251,7 +251,7 @@ SOAK_OUT      ?= bench-results/soak.json
 SOAK_FLAGS    ?=
 
 .PHONY: soak
-soak: ## Run the deployment on the test node for SOAK_DURATION (60m) under load, a fault every 5 minutes; results in SOAK_OUT (SOAK_FLAGS: -soak-rate, -soak-students, -soak-fault-every, -soak-faults, -soak-sample, -soak-settled).
+soak: ## Run the deployment on the test node for SOAK_DURATION (60m) under load, a fault every 5 minutes; results in SOAK_OUT (SOAK_FLAGS: -soak-rate, -soak-students, -soak-fault-every, -soak-faults, -soak-sample, -soak-settled, -soak-profiles DIR for heap profiles).
 	$(MAKE) --no-print-directory -j2 -Otarget test-deps
 	$(GO) test -count=1 -timeout 0 -vet=off -run '^TestSoak$$' -v $(TEST_LAST) -args -soak $(SOAK_DURATION) -soak-out $(abspath $(SOAK_OUT)) $(SOAK_FLAGS)
 

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -19,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
@@ -41,6 +44,7 @@ var (
 	soakSettled    = flag.Duration("soak-settled", soak.Settled, "Time from the soak's start its trends are read from (at least half the soak is needed).")
 	soakFaults     = flag.String("soak-faults", "", "Only the faults whose names match this regular expression (e.g. 'pod deleted|container killed'); empty: all.")
 	soakOut        = flag.String("soak-out", "", "Results file (JSON) of the soak; empty: none.")
+	soakProfiles   = flag.String("soak-profiles", "", "Directory for the bridge pods' heap profiles at -soak-settled and at the end (settled/, end/; compare with go tool pprof -diff_base); empty: none. It turns the pods' pprof endpoints on.")
 )
 
 // TestSoak runs the soak for -soak. At the end: every change seen in the
@@ -55,6 +59,9 @@ func TestSoak(t *testing.T) {
 		t.Skip("the soak runs with make soak (-soak DURATION)")
 	}
 	s := defaultInstalled(t)
+	if *soakProfiles != "" {
+		servePprof(t)
+	}
 	nc := connectNATS(t, natsURL(t, "consumer", s.consumer))
 	roster := connectNATS(t, natsURL(t, "roster", s.roster))
 	res := soak.Results{Date: time.Now().UTC().Format(time.DateOnly), Commit: stack.RepoCommit(), Duration: soakFor.String(),
@@ -80,10 +87,15 @@ func TestSoak(t *testing.T) {
 	start := time.Now()
 	faults := selectFaults(t, append(nodeFaults(s), storeFaults(s)...), *soakFaults)
 	nextFault, nextSample := start.Add(*soakFaultEvery), start
+	profiled := *soakProfiles == ""
 	for i := 0; time.Since(start) < *soakFor; {
 		if now := time.Now(); !now.Before(nextSample) {
 			res.Samples = append(res.Samples, soakSample(t, nc, roster, l.ns, time.Since(start)))
 			nextSample = nextSample.Add(*soakSampleEach)
+			if !profiled && time.Since(start) >= *soakSettled {
+				heapProfiles(t, filepath.Join(*soakProfiles, "settled"))
+				profiled = true
+			}
 		}
 		if now := time.Now(); !now.Before(nextFault) {
 			f := faults[i%len(faults)]
@@ -102,6 +114,9 @@ func TestSoak(t *testing.T) {
 		time.Sleep(time.Until(next)) // the schedule's next step
 	}
 	res.Samples = append(res.Samples, soakSample(t, nc, roster, l.ns, time.Since(start)))
+	if *soakProfiles != "" {
+		heapProfiles(t, filepath.Join(*soakProfiles, "end"))
+	}
 
 	r := l.finish(t, 5*time.Minute)
 	res.End = soak.End{Changes: r.changes, Rate: r.rate, LongestWaitS: r.longest.Seconds(), Gaps: m.Gaps()}
@@ -133,6 +148,56 @@ func TestSoak(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// pprofPort is the port servePprof has the bridge pods serve pprof on.
+const pprofPort = "6060"
+
+// servePprof turns the bridge pods' pprof endpoints on (through the
+// environment, which a rollout gives new pods) and waits for the pods.
+func servePprof(t *testing.T) {
+	t.Helper()
+	var uids []types.UID
+	for _, p := range podsOf(t, "student-bridge") {
+		uids = append(uids, p.UID)
+	}
+	kubectl(t, nil, "-n", systemNS, "set", "env", "deployment/student-bridge", "STUDENT_BRIDGE_PPROFADDR=:"+pprofPort)
+	waitPods(t, "student-bridge", 3, without(uids...))
+}
+
+// heapProfiles saves each Ready bridge pod's heap profile in dir. The
+// pods differ between two calls (faults replace them): compare the sums,
+// go tool pprof -diff_base 'settled/*' 'end/*'.
+func heapProfiles(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range podsOf(t, "student-bridge") {
+		if !podReady(&p) {
+			continue
+		}
+		if err := saveHeapProfile(p.Status.PodIP, filepath.Join(dir, p.Name+".pb.gz")); err != nil {
+			t.Logf("the heap profile of %s: %v", p.Name, err) // a pod a fault is replacing
+		}
+	}
+}
+
+// saveHeapProfile writes the heap profile a pod at ip serves to file.
+func saveHeapProfile(ip, file string) error {
+	resp, err := http.Get("http://" + net.JoinHostPort(ip, pprofPort) + "/debug/pprof/heap")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s", resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, b, 0o644)
 }
 
 // selectFaults keeps the faults whose names match the regular expression
