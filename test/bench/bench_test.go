@@ -78,6 +78,16 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s: the changes' API calls not measured (p99 %v ms)", v.name, r.APICallP99ms)
 		}
 	}
+	// Each variant's capacity: at 20/s every one keeps up, and 20/s is
+	// the grid's top (so a lower bound).
+	if len(res.Capacity) != len(variants) {
+		t.Errorf("capacity of %d variants, want %d: %+v", len(res.Capacity), len(variants), res.Capacity)
+	}
+	for _, c := range res.Capacity {
+		if c.Rate != 20 || !c.AtTop {
+			t.Errorf("%s: capacity %+v, want at least 20/s", c.Variant, c)
+		}
+	}
 	// The bridge as deployed goes through every stage, each measured.
 	for _, s := range stages.All {
 		if h := cells["student-bridge"].Reps[0].Stages[s]; h.Count == 0 {

@@ -31,7 +31,8 @@ var docBlock = regexp.MustCompile(`(?s)(<!-- bench (\S+) (\S+) -->\n).*?(<!-- en
 // docKinds render a block of each kind from a run's results: the run
 // (when, where, the command), the load tables (without the results file's
 // title), the summary of the bridge and the references and the bridge's
-// ratios to them, the counts, the Go benchmark of one change, the memory,
+// ratios to them, the counts, the Go benchmark of one change, the CPU and
+// allocation profiles, each variant's highest sustained rate, the memory,
 // restart and failover phases.
 var docKinds = map[string]func(Results) (string, error){
 	"run":     func(res Results) (string, error) { return runLine(res), nil },
@@ -51,6 +52,12 @@ var docKinds = map[string]func(Results) (string, error){
 		return goBenchTable(*res.OneChange), nil
 	},
 	"profiles": profileTable,
+	"capacity": func(res Results) (string, error) {
+		if len(res.Capacity) == 0 {
+			return "", fmt.Errorf("no capacity in this run (a run with -rates has it)")
+		}
+		return capacityList(res.Capacity), nil
+	},
 	"scale": func(res Results) (string, error) {
 		if res.Scale == nil {
 			return "", fmt.Errorf("no memory, restart and failover phases in this run")

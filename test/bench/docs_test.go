@@ -41,6 +41,21 @@ func TestRenderBlocks(t *testing.T) {
 	_ = os.Remove(filepath.Join(root, "run.json"))
 }
 
+// A capacity names its bisection's probes, and a rate that was the grid's
+// top as a lower bound.
+func TestCapacityList(t *testing.T) {
+	got := capacityList([]Capacity{
+		{Variant: "a", Rate: 550, Probes: []Probe{{Rate: 550, Kept: true, P99Ms: 40}, {Rate: 775, P99Ms: 1800}}},
+		{Variant: "b", Rate: 1000, AtTop: true},
+		{Variant: "c"},
+	})
+	for _, want := range []string{"- a: 550 changes/s (bisected: 550/s kept up (p99 40 ms), 775/s did not (p99 1800 ms))\n", "- b: at least 1000 changes/s (the grid's highest rate)\n", "- c: none of the grid's rates\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("capacity list\n%s\nwithout %q", got, want)
+		}
+	}
+}
+
 func TestCommandQuotesForAShell(t *testing.T) {
 	got := command([]string{"-rates", "100,1000", "-students", "", "-only", "=raw-informer (process),=it's"})
 	want := `go run ./test/bench -rates '100,1000' -students '' -only '=raw-informer (process),=it'\''s'`

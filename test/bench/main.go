@@ -263,9 +263,6 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 		b.WriteString("\n" + countsTable(c))
 	}
 	sustained := sustainedRates(o.rates, results)
-	if len(o.rates) > 0 {
-		b.WriteString("\nHighest sustained rate (p99 < 1 s, no lost final state, generator kept its schedule):\n\n")
-	}
 	probeRuns := 0 // names each probe's namespace and stream
 	for _, v := range variants {
 		if len(o.rates) == 0 {
@@ -274,20 +271,16 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 		if _, ok := results[cellKey{v.name, o.rates[0]}]; !ok {
 			continue
 		}
-		lo, hi := sustained[v.name], 0
+		c := Capacity{Variant: v.name, Rate: sustained[v.name], AtTop: sustained[v.name] == slices.Max(o.rates)}
+		hi := 0
 		for _, rate := range o.rates {
-			if rate > lo && (hi == 0 || rate < hi) {
+			if rate > c.Rate && (hi == 0 || rate < hi) {
 				hi = rate
 			}
 		}
-		if !o.bisect || lo == 0 || hi == 0 {
-			fmt.Fprintf(&b, "- %s: %d changes/s\n", v.name, lo)
-			continue
-		}
 		// Bisection: each probe runs o.reps times at the middle rate.
-		probes := []string{}
-		for float64(hi-lo) > 0.1*float64(lo) {
-			mid := (lo + hi) / 2
+		for o.bisect && c.Rate > 0 && hi > 0 && float64(hi-c.Rate) > 0.1*float64(c.Rate) {
+			mid := (c.Rate + hi) / 2
 			var rs []result
 			for range o.reps {
 				probeRuns++
@@ -297,16 +290,19 @@ func bench(ctx context.Context, o options, stdout io.Writer) error {
 				}
 				rs = append(rs, r)
 			}
-			ok := kept(rs)
-			probes = append(probes, fmt.Sprintf("%d/s %s (p99 %s)", mid, map[bool]string{true: "kept up", false: "did not"}[ok], median(durations(rs, func(r result) time.Duration { return r.p99 })).Round(time.Millisecond)))
-			fmt.Fprintf(os.Stderr, "bisect %-32s %s\n", v.name, probes[len(probes)-1])
-			if ok {
-				lo = mid
+			p := Probe{Rate: mid, Kept: kept(rs), P99Ms: toMS(median(durations(rs, func(r result) time.Duration { return r.p99 })))}
+			c.Probes = append(c.Probes, p)
+			fmt.Fprintf(os.Stderr, "bisect %-32s %s\n", v.name, p)
+			if p.Kept {
+				c.Rate = mid
 			} else {
 				hi = mid
 			}
 		}
-		fmt.Fprintf(&b, "- %s: %d changes/s (bisected: %s)\n", v.name, lo, strings.Join(probes, ", "))
+		data.Capacity = append(data.Capacity, c)
+	}
+	if len(data.Capacity) > 0 {
+		b.WriteString("\n" + capacityList(data.Capacity))
 	}
 	eachCell(o.rates, results, func(v variant) bool { return v.services }, func(v variant, rate int, rs []result) {
 		var lat []time.Duration

@@ -33,6 +33,58 @@ type Results struct {
 	Scale *Scale `json:"scale,omitempty"`
 	// OneChange is the Go benchmark of one change's path, if it ran.
 	OneChange *GoBench `json:"oneChange,omitempty"`
+	// Capacity is each variant's highest sustained rate.
+	Capacity []Capacity `json:"capacity,omitempty"`
+}
+
+// Capacity is a variant's highest sustained rate (p99 under a second, no
+// lost final state, the generator on its schedule): the highest rate of
+// the grid it kept up with, narrowed by bisection towards the next.
+type Capacity struct {
+	Variant string `json:"variant"`
+	Rate    int    `json:"rate"`
+	// AtTop: it kept up at the grid's highest rate, so Rate is a lower
+	// bound.
+	AtTop  bool    `json:"atTop,omitempty"`
+	Probes []Probe `json:"probes,omitempty"`
+}
+
+// Probe is one rate the bisection tried, every repetition of it together.
+type Probe struct {
+	Rate  int     `json:"rate"`
+	Kept  bool    `json:"kept"`
+	P99Ms float64 `json:"p99Ms"`
+}
+
+func (p Probe) String() string {
+	return fmt.Sprintf("%d/s %s (p99 %.0f ms)", p.Rate, map[bool]string{true: "kept up", false: "did not"}[p.Kept], p.P99Ms)
+}
+
+// capacityList shows each variant's highest sustained rate.
+func capacityList(cs []Capacity) string {
+	var b strings.Builder
+	b.WriteString("Highest sustained rate (p99 < 1 s, no lost final state, generator kept its schedule):\n\n")
+	for _, c := range cs {
+		fmt.Fprintf(&b, "- %s: ", c.Variant)
+		switch {
+		case c.Rate == 0:
+			b.WriteString("none of the grid's rates\n")
+			continue
+		case c.AtTop:
+			fmt.Fprintf(&b, "at least %d changes/s (the grid's highest rate)", c.Rate)
+		default:
+			fmt.Fprintf(&b, "%d changes/s", c.Rate)
+		}
+		if len(c.Probes) > 0 {
+			var ps []string
+			for _, p := range c.Probes {
+				ps = append(ps, p.String())
+			}
+			fmt.Fprintf(&b, " (bisected: %s)", strings.Join(ps, ", "))
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }
 
 // Machine is what the run ran on.
@@ -185,12 +237,15 @@ func render(path string) (string, error) {
 	return tables(res), nil
 }
 
-// tables are the tables of res: the load phase's, the counts', then the
-// memory, restart and failover phases'.
+// tables are the tables of res: the load phase's, the counts', the
+// capacities, then the memory, restart and failover phases'.
 func tables(res Results) string {
 	out := loadTables(res)
 	if res.Counts != nil {
 		out += "\n" + countsTable(*res.Counts)
+	}
+	if len(res.Capacity) > 0 {
+		out += "\n" + capacityList(res.Capacity)
 	}
 	if res.Scale != nil {
 		out += "\n" + scaleTables(*res.Scale)
