@@ -23,6 +23,10 @@ var (
 		Help:    "How long each catch-up took, from its first Student queued to its last reconciled.",
 		Buckets: prometheus.ExponentialBuckets(0.1, 2, 14),
 	})
+	caughtUpAt = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "student_bridge_catch_up_end_time_seconds",
+		Help: "When the last catch-up ended (every Student it queued reconciled), in seconds since the Unix epoch. 0 before.",
+	})
 	publishingSince = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "student_bridge_publishing_start_time_seconds",
 		Help: "When the bridge could first publish, in seconds since the Unix epoch: its records loaded and its workers started (the cache synced). 0 before.",
@@ -109,6 +113,7 @@ func (c *catchUpTracker) endIfDone() {
 	}
 	took := time.Since(c.started)
 	catchUpDuration.Observe(took.Seconds())
+	caughtUpAt.SetToCurrentTime()
 	ctrl.Log.WithName("catch-up").Info("caught up: every Student queued was reconciled", "students", c.queued, "took", took.Round(time.Millisecond).String())
 	c.started = time.Time{}
 }

@@ -63,7 +63,7 @@ func RegisterMetrics() {
 	registerOnce.Do(func() {
 		metrics.Registry.MustRegister(eventsPublished, publishErrors, publishLatency,
 			serviceStudents, otherShardChanges,
-			catchUpPending, catchUpDuration, publishingSince)
+			catchUpPending, catchUpDuration, caughtUpAt, publishingSince)
 		for _, typ := range []string{studentv1.EventTypeCreated, studentv1.EventTypeUpdated, studentv1.EventTypeDeleted, studentv1.EventTypeSnapshot} {
 			for _, result := range []string{resultSuccess, resultDuplicate, resultError} {
 				eventsPublished.WithLabelValues(typ, result)

@@ -266,7 +266,8 @@ func TestRestartOverTwoNamespaces(t *testing.T) {
 // TestPublishingStartsOnceTheRecordsLoad:
 // student_bridge_publishing_start_time_seconds says when a bridge could
 // first publish. Not when its workers start, if they wait for the record
-// store then, but once the records are loaded.
+// store then, but once the records are loaded. The start's catch-up ends
+// after it (student_bridge_catch_up_end_time_seconds).
 func TestPublishingStartsOnceTheRecordsLoad(t *testing.T) {
 	ns := newNamespace(t)
 	cfg := testConfig(t, ns, "pubstart")
@@ -302,6 +303,16 @@ func TestPublishingStartsOnceTheRecordsLoad(t *testing.T) {
 	waitStream(t, natsConn(t), cfg.NATS.Stream.Name, 1)
 	if got := gauge(t, since); got < float64(healed.UnixNano())/1e9 {
 		t.Errorf("%s is %.3f, before NATS came back at %.3f", since, got, float64(healed.UnixNano())/1e9)
+	}
+	// The start's catch-up ends with that Student published: after.
+	const caughtUp = "student_bridge_catch_up_end_time_seconds"
+	if err := stacktest.Eventually(30*time.Second, func() error {
+		if end, pub := gauge(t, caughtUp), gauge(t, since); end < pub {
+			return fmt.Errorf("%s is %.3f, before the bridge could publish at %.3f", caughtUp, end, pub)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -124,7 +124,9 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 			// Not more often: a scrape counts every Student's services.
 			time.Sleep(250 * time.Millisecond)
 		}
-		caughtUp = time.Since(t0)
+		// When it ended, by the bridge's clock: a scrape's own period
+		// would add up to 250 ms to it.
+		caughtUp = time.Unix(0, int64(metric(metrics, "student_bridge_catch_up_end_time_seconds")*1e9)).Sub(t0)
 		return ready, caughtUp, time.Duration(metric(metrics, "student_bridge_catch_up_duration_seconds_sum") * float64(time.Second)), nil
 	}
 	// idleRestart restarts with every Student published: nothing should be
