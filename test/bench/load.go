@@ -84,7 +84,10 @@ func (t *tracker) latency(c *change) (time.Duration, bool) {
 		ok := false
 		switch r.op {
 		case "deleted":
-			ok = c.op == "deleted"
+			// Names are never reused: the delete is the Student's last
+			// state, so it covers every change before it (a Student the
+			// bridge first saw deleting is published as deleted only).
+			ok = true
 		case "created", "updated":
 			ok = c.op != "deleted" && c.gen <= r.gen
 		}
