@@ -29,6 +29,9 @@ func Markdown(res Results, chart string) string {
 	e := res.End
 	b.WriteString("| changes | rate | longest wait of a change | Students the Mirror agrees on | Students it differs on | gaps the Mirror saw |\n| ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	fmt.Fprintf(&b, "| %d | %.1f/s | %.1f s | %d | %d | %d |\n\n", e.Changes, e.Rate, e.LongestWaitS, e.MirrorChecked, e.MirrorDiffer, e.Gaps)
+	if e.RetriedWrites > 0 {
+		fmt.Fprintf(&b, "The API server timed out %d of the load's writes; the load tried them again, as a user's client does.\n\n", e.RetriedWrites)
+	}
 
 	b.WriteString("| minute | fault | Ready again after |\n| ---: | --- | ---: |\n")
 	for _, f := range res.Faults {

@@ -80,6 +80,9 @@ type End struct {
 	MirrorChecked int     `json:"mirrorStudents"`
 	MirrorDiffer  int     `json:"mirrorDiffer"`
 	Gaps          int64   `json:"gaps"`
+	// RetriedWrites counts the load's writes tried again after the API
+	// server timed them out.
+	RetriedWrites int `json:"retriedWrites,omitempty"`
 }
 
 // Growth is one quantity's level once settled, at the end, and its slope

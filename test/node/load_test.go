@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -18,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
@@ -55,6 +57,8 @@ type load struct {
 	skipped int
 	// made counts the changes made.
 	made int
+	// retried counts the writes tried again after a timeout.
+	retried int
 	// slowestWrite is the longest a change's requests took to return: the
 	// API server's delay, which the bridge's own requests (its Lease
 	// renewals and takeovers among them) meet too.
@@ -192,9 +196,6 @@ func (l *load) run() {
 // live (or a quarter of the time), else an update (twice as often) or a
 // delete.
 func (l *load) change() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	start := time.Now()
 	l.mu.Lock()
 	r := rand.Float64()
 	var op, name string
@@ -210,37 +211,27 @@ func (l *load) change() error {
 		l.live = append(l.live[:i], l.live[i+1:]...)
 	}
 	l.mu.Unlock()
-	s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: l.ns, Name: name}}
+	// A write that timed out may or may not have happened: as a user's
+	// client does, the load tries it again, twice at most, and a create
+	// or delete that did happen is then found done.
 	var gen int64
-	switch op {
-	case "create":
-		s.Spec = studentv1.StudentSpec{Name: name, School: "school-0"}
-		if err := l.c.Create(ctx, s); err != nil {
-			return fmt.Errorf("create %s: %w", name, err)
+	var err error
+	var start time.Time
+	for attempt := 0; ; attempt++ {
+		start = time.Now()
+		gen, err = l.write(op, name, attempt > 0)
+		if err == nil || attempt == 2 || !transient(err) {
+			break
 		}
-		gen = s.Generation
-	case "update":
-		// As a user's client does: read again and retry when the bridge's
-		// finalizer or status write (or a concurrent change) came between.
-		err := retry.RetryOnConflict(updateBackoff, func() error {
-			if err := l.c.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
-				return err
-			}
-			s.Spec.School = fmt.Sprintf("school-%d", s.Generation)
-			return l.c.Update(ctx, s)
-		})
-		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-			return nil // deleted by a change in flight, or lost every race: no update happened
-		}
-		if err != nil {
-			return fmt.Errorf("update %s: %w", name, err)
-		}
-		gen = s.Generation
-	case "delete":
-		if err := l.c.Delete(ctx, s); err != nil {
-			return fmt.Errorf("delete %s: %w", name, err)
-		}
-		gen = 0
+		l.mu.Lock()
+		l.retried++
+		l.mu.Unlock()
+	}
+	if errors.Is(err, errNoUpdate) {
+		return nil
+	}
+	if err != nil {
+		return err
 	}
 	at := time.Now()
 	l.mu.Lock()
@@ -252,6 +243,63 @@ func (l *load) change() error {
 		l.live = append(l.live, name)
 	}
 	return nil
+}
+
+// write makes one op on the Student name within 10 s and returns its
+// generation (0 once deleted); again says an earlier try may have made
+// it already.
+func (l *load) write(op, name string, again bool) (int64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s := &studentv1.Student{ObjectMeta: metav1.ObjectMeta{Namespace: l.ns, Name: name}}
+	switch op {
+	case "create":
+		s.Spec = studentv1.StudentSpec{Name: name, School: "school-0"}
+		err := l.c.Create(ctx, s)
+		if again && apierrors.IsAlreadyExists(err) {
+			err = l.c.Get(ctx, client.ObjectKeyFromObject(s), s)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("create %s: %w", name, err)
+		}
+		return s.Generation, nil
+	case "update":
+		// As a user's client does: read again and retry when the bridge's
+		// finalizer or status write (or a concurrent change) came between.
+		err := retry.RetryOnConflict(updateBackoff, func() error {
+			if err := l.c.Get(ctx, client.ObjectKeyFromObject(s), s); err != nil {
+				return err
+			}
+			s.Spec.School = fmt.Sprintf("school-%d", s.Generation)
+			return l.c.Update(ctx, s)
+		})
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			return 0, errNoUpdate // deleted by a change in flight, or lost every race
+		}
+		if err != nil {
+			return 0, fmt.Errorf("update %s: %w", name, err)
+		}
+		return s.Generation, nil
+	default:
+		err := l.c.Delete(ctx, s)
+		if again && apierrors.IsNotFound(err) {
+			err = nil
+		}
+		if err != nil {
+			return 0, fmt.Errorf("delete %s: %w", name, err)
+		}
+		return 0, nil
+	}
+}
+
+// errNoUpdate says an update found nothing to change: not a change made.
+var errNoUpdate = errors.New("no update happened")
+
+// transient reports whether a write's error says only that it took too
+// long or the API server asked to come back: its outcome is unknown.
+func transient(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err) ||
+		apierrors.IsTooManyRequests(err) || utilnet.IsConnectionReset(err) || utilnet.IsProbableEOF(err)
 }
 
 // unthrottledClient is a client of the admin's with no client-side rate
@@ -282,6 +330,8 @@ type result struct {
 	slowest []string
 	// slowestWrite is the longest a change's requests took.
 	slowestWrite time.Duration
+	// retried counts the writes tried again after a timeout.
+	retried int
 }
 
 // finish stops the load and waits until every change made was seen, up to
@@ -335,7 +385,7 @@ func (l *load) finish(t *testing.T, timeout time.Duration) result {
 	}
 	sort.Slice(waits, func(i, j int) bool { return waits[i].d > waits[j].d })
 	l.mu.Lock()
-	r := result{changes: len(waits), rate: float64(len(waits)) / took.Seconds(), skipped: l.skipped, longest: waits[0].d, slowestWrite: l.slowestWrite}
+	r := result{changes: len(waits), rate: float64(len(waits)) / took.Seconds(), skipped: l.skipped, longest: waits[0].d, slowestWrite: l.slowestWrite, retried: l.retried}
 	l.mu.Unlock()
 	for _, w := range waits[:min(3, len(waits))] {
 		r.slowest = append(r.slowest, fmt.Sprintf("%s %.2fs", w.what, w.d.Seconds()))
@@ -375,8 +425,8 @@ func (l *load) finishClean(t *testing.T, s secrets, what string, took time.Durat
 	l.waitChanges(t, 3*l.rate)
 	r := l.finish(t, 3*time.Minute)
 	verifyClean(t, s)
-	t.Logf("%s in %.1fs; %d changes at %.0f/s (%d skipped), the longest wait for an event %.2fs (slowest: %v), the slowest write %.2fs",
-		what, took.Seconds(), r.changes, r.rate, r.skipped, r.longest.Seconds(), r.slowest, r.slowestWrite.Seconds())
+	t.Logf("%s in %.1fs; %d changes at %.0f/s (%d skipped), the longest wait for an event %.2fs (slowest: %v), the slowest write %.2fs, %d tried again",
+		what, took.Seconds(), r.changes, r.rate, r.skipped, r.longest.Seconds(), r.slowest, r.slowestWrite.Seconds(), r.retried)
 	if r.rate < 50 {
 		t.Errorf("the load made %.0f changes a second, under the 50 it is promised under", r.rate)
 	}

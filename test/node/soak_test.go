@@ -119,13 +119,13 @@ func TestSoak(t *testing.T) {
 	}
 
 	r := l.finish(t, 5*time.Minute)
-	res.End = soak.End{Changes: r.changes, Rate: r.rate, LongestWaitS: r.longest.Seconds(), Gaps: m.Gaps()}
+	res.End = soak.End{Changes: r.changes, Rate: r.rate, LongestWaitS: r.longest.Seconds(), Gaps: m.Gaps(), RetriedWrites: r.retried}
 	verifyClean(t, s)
 	res.End.MirrorChecked, res.End.MirrorDiffer = checkMirror(t, m, l.ns)
 	res.Limits = streamLimits(t, nc, roster)
 	res.Slopes = soak.Slopes(res.Samples, *soakSettled)
-	t.Logf("soak of %s: %d changes at %.0f/s, the longest wait %.1fs, %d faults, the Mirror agrees on %d Students, %d gaps",
-		soakFor, r.changes, r.rate, r.longest.Seconds(), len(res.Faults), res.End.MirrorChecked, res.End.Gaps)
+	t.Logf("soak of %s: %d changes at %.0f/s (%d writes tried again), the longest wait %.1fs, %d faults, the Mirror agrees on %d Students, %d gaps",
+		soakFor, r.changes, r.rate, r.retried, r.longest.Seconds(), len(res.Faults), res.End.MirrorChecked, res.End.Gaps)
 	for _, g := range res.Slopes {
 		t.Logf("  %-36s at %s %.0f, at the end %.0f, %+.1f an hour", g.Quantity, soakSettled, g.Settled, g.End, g.PerHour)
 		if *soakFor < 2**soakSettled || g.Settled == 0 {
