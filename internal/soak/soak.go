@@ -108,6 +108,18 @@ func (g Growth) Grown(d, settled time.Duration) float64 {
 	return g.PerHour * (d - settled).Hours() / g.Settled
 }
 
+// Overgrown are the Bounded quantities of slopes that grew more than
+// MaxGrowth in a soak of d, read from settled.
+func Overgrown(slopes []Growth, d, settled time.Duration) []Growth {
+	var out []Growth
+	for _, g := range slopes {
+		if slices.Contains(Bounded, g.Quantity) && g.Grown(d, settled) > MaxGrowth {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
 // Durations are the soak's length and when it settled.
 func (r Results) Durations() (d, settled time.Duration) {
 	d, _ = time.ParseDuration(r.Duration)

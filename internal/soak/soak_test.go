@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"math"
 	"os"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -109,10 +108,8 @@ func TestCommittedSoaksAtTheDefaultSettleTime(t *testing.T) {
 		}
 		d, _ := res.Durations()
 		var grown []string
-		for _, g := range Slopes(res.Samples, Settled) {
-			if slices.Contains(Bounded, g.Quantity) && g.Grown(d, Settled) > MaxGrowth {
-				grown = append(grown, g.Quantity)
-			}
+		for _, g := range Overgrown(Slopes(res.Samples, Settled), d, Settled) {
+			grown = append(grown, g.Quantity)
 		}
 		if bounded := len(grown) == 0; bounded != want {
 			t.Errorf("%s read from %s: grown %v, want bounded %v", file, Settled, grown, want)
