@@ -215,18 +215,19 @@ func (l *load) change() error {
 	// client does, the load tries it again, twice at most, and a create
 	// or delete that did happen is then found done.
 	var gen int64
-	var err error
 	var start time.Time
-	for attempt := 0; ; attempt++ {
-		start = time.Now()
-		gen, err = l.write(op, name, attempt > 0)
-		if err == nil || attempt == 2 || !transient(err) {
-			break
+	tries := 0
+	err := retry.OnError(wait.Backoff{Steps: 3}, transient, func() error {
+		if tries++; tries > 1 {
+			l.mu.Lock()
+			l.retried++
+			l.mu.Unlock()
 		}
-		l.mu.Lock()
-		l.retried++
-		l.mu.Unlock()
-	}
+		start = time.Now()
+		var err error
+		gen, err = l.write(op, name, tries > 1)
+		return err
+	})
 	if errors.Is(err, errNoUpdate) {
 		return nil
 	}
