@@ -29,7 +29,6 @@ import (
 	"k8s.io/client-go/tools/events"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
@@ -945,7 +944,7 @@ func (r *StudentReconciler) SetupWithManager(mgr ctrl.Manager, opts controller.O
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(ControllerName).
-		Watches(&studentv1.Student{}, r.watchHandler(), builder.WithPredicates(r.predicates()...)).
+		WatchesRawSource(newStudentWatch(mgr.GetCache(), r.watchHandler(), r.predicates()...)).
 		WatchesRawSource(source.Channel(r.toQueue, &handler.TypedEnqueueRequestForObject[*studentv1.Student]{})).
 		WithOptions(opts).
 		Complete(r)

@@ -205,7 +205,7 @@ func (l *recordLoader) Start(ctx context.Context) error {
 	if kv != nil {
 		go purgeDeleteMarkers(ctx, kv, l.cfg.Records.DeleteMarkerAge, l.log)
 	}
-	if !l.mgr.GetCache().WaitForCacheSync(ctx) {
+	if !reconciler.WaitForStudents(ctx, l.mgr.GetCache()) {
 		return nil
 	}
 	changed, gone, err := l.r.CatchUp(ctx, l.mgr.GetClient())

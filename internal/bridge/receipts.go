@@ -19,6 +19,7 @@ import (
 	"github.com/student-bridge/student-bridge/internal/natssink"
 	"github.com/student-bridge/student-bridge/internal/records"
 	"github.com/student-bridge/student-bridge/internal/statusview"
+	"github.com/student-bridge/student-bridge/reconciler"
 	"github.com/student-bridge/student-bridge/sink"
 )
 
@@ -41,7 +42,7 @@ type receiptWatch struct {
 func (w *receiptWatch) NeedLeaderElection() bool { return true }
 
 func (w *receiptWatch) Start(ctx context.Context) error {
-	if !w.mgr.GetCache().WaitForCacheSync(ctx) {
+	if !reconciler.WaitForStudents(ctx, w.mgr.GetCache()) {
 		return nil
 	}
 	bucket := natssink.BucketConfig{Name: w.cfg.Receipts.Bucket, Storage: w.cfg.Records.Storage, Replicas: w.cfg.Records.Replicas,

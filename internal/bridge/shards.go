@@ -56,7 +56,7 @@ func addShards(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config, re
 			})
 		},
 		Enqueue: func(ctx context.Context, gained []int) {
-			if !mgr.GetCache().WaitForCacheSync(ctx) {
+			if !reconciler.WaitForStudents(ctx, mgr.GetCache()) {
 				return
 			}
 			if _, err := reconciled().EnqueueShard(ctx, mgr.GetClient(), in(gained)); err != nil && ctx.Err() == nil {
@@ -83,7 +83,7 @@ func addShards(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config, re
 		return reconciled().Unpublished(ctx, mgr.GetClient(), func(key types.NamespacedName) (int, bool) { return of(key), m.Owns(key) })
 	}}
 	return m, mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-		if !mgr.GetCache().WaitForCacheSync(ctx) {
+		if !reconciler.WaitForStudents(ctx, mgr.GetCache()) {
 			return nil
 		}
 		defer shardBacklog.add(backlog)()

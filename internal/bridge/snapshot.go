@@ -82,7 +82,7 @@ type snapshotRun struct {
 func (s *snapshotServer) NeedLeaderElection() bool { return true }
 
 func (s *snapshotServer) Start(ctx context.Context) error {
-	if !s.cache.WaitForCacheSync(ctx) {
+	if !reconciler.WaitForStudents(ctx, s.cache) {
 		return nil
 	}
 	for _, subject := range s.subjects {
