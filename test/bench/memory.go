@@ -508,12 +508,12 @@ func informerSync(ctx context.Context, e *env, ns string) (time.Duration, error)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	t0 := time.Now()
-	c, _, err := rawInformerCache(ctx, e.st.RestConfig, ns)
+	c, inf, err := rawInformerCache(ctx, e.st.RestConfig, ns)
 	if err != nil {
 		return 0, err
 	}
 	go func() { _ = c.Start(ctx) }()
-	if !c.WaitForCacheSync(ctx) {
+	if !informerSynced(ctx, inf) {
 		return 0, fmt.Errorf("an informer on the Students of %s did not sync", ns)
 	}
 	return time.Since(t0), nil

@@ -274,7 +274,7 @@ func informerSyncMain(args []string) int {
 		}
 	}
 	go func() { _ = c.Start(ctx) }()
-	if !c.WaitForCacheSync(ctx) {
+	if !informerSynced(ctx, inf) {
 		fmt.Fprintln(os.Stderr, "informer-sync: the cache did not sync")
 		return 1
 	}

@@ -383,8 +383,15 @@ func runRawInformer(ctx context.Context, restCfg *rest.Config, js jetstream.JetS
 		return nil, err
 	}
 	go func() { _ = c.Start(ctx) }()
-	c.WaitForCacheSync(ctx)
+	informerSynced(ctx, inf)
 	return cancel, nil
+}
+
+// informerSynced waits until inf has synced, without polling (the
+// cache's WaitForCacheSync looks every 100 ms), as the bridge waits for
+// its own: a restart is compared with a sync seen at once.
+func informerSynced(ctx context.Context, inf cache.Informer) bool {
+	return toolscache.WaitFor(ctx, "", inf.HasSyncedChecker())
 }
 
 // startBridge runs the real bridge in this process, counting its API writes.
