@@ -52,6 +52,7 @@ var docKinds = map[string]func(Results) (string, error){
 		return goBenchTable(*res.OneChange), nil
 	},
 	"profiles": profileTable,
+	"costs":    costTable,
 	"capacity": func(res Results) (string, error) {
 		if len(res.Capacity) == 0 {
 			return "", fmt.Errorf("no capacity in this run (a run with -rates has it)")
@@ -261,6 +262,59 @@ func summaryTables(res Results) (summary, ratios string) {
 		}
 	}
 	return summary, b.String()
+}
+
+// costVariants are the bridge's variants that each leave something out:
+// what, and the variant they leave it out of.
+var costVariants = []struct{ name, leaves, of string }{
+	{"student-bridge (process, no finalizer)", "the finalizer: deletes held until published", "student-bridge (process)"},
+	{"student-bridge (process, no k8s Events)", "Kubernetes Events", "student-bridge (process)"},
+	{"student-bridge (process, no status)", "the status view", "student-bridge (process)"},
+	{"student-bridge (process, publishing only)", "all three", "student-bridge (process)"},
+	{"student-bridge (process, one write)", "the reservation's and the record's writes of their own: the record goes in the event's write", "student-bridge (process)"},
+	{"student-bridge (process, publishing only, one write)", "the reservation's and the record's writes of their own", "student-bridge (process, publishing only)"},
+}
+
+// costTable is what each part of the bridge costs in its own CPU per
+// change, at each rate: the bridge as deployed and each variant that
+// leaves a part out against the acked informer, and the part's cost, the
+// difference from the variant it is left out of (medians of the
+// repetitions).
+func costTable(res Results) (string, error) {
+	const acked, raw, bridge = "raw-informer (process, acked)", "raw-informer (process)", "student-bridge (process)"
+	results := res.cells()
+	ownCPU := func(v string, rate int) float64 {
+		_, med, _ := spanOf(results[cellKey{v, rate}], func(r result) float64 { return r.ownCPU / float64(r.made) * 1000 })
+		return med
+	}
+	var b strings.Builder
+	b.WriteString("Own CPU per change (ms; the variant's processes only), median of the repetitions, against the acked informer's; a part's cost is the difference from the variant it is left out of:\n\n")
+	b.WriteString("| rate/s | variant | leaves out | own CPU ms/change | against the acked informer | the part left out costs, ms/change |\n| --- | --- | --- | --- | --- | --- |\n")
+	rows := 0
+	for _, rate := range res.Rates {
+		ref := ownCPU(acked, rate)
+		if ref == 0 || ownCPU(bridge, rate) == 0 {
+			continue
+		}
+		row := func(v, leaves, cost string) {
+			if cpu := ownCPU(v, rate); cpu > 0 {
+				fmt.Fprintf(&b, "| %d | %s | %s | %.3f | %.2fx | %s |\n", rate, v, leaves, cpu, cpu/ref, cost)
+				rows++
+			}
+		}
+		row(raw, "waiting for the ack", fmt.Sprintf("%.3f", ref-ownCPU(raw, rate)))
+		row(acked, "everything of the bridge's", "-")
+		row(bridge, "nothing (as deployed)", "-")
+		for _, c := range costVariants {
+			if of := ownCPU(c.of, rate); of > 0 {
+				row(c.name, c.leaves, fmt.Sprintf("%.3f (of %s)", of-ownCPU(c.name, rate), c.of))
+			}
+		}
+	}
+	if rows == 0 {
+		return "", fmt.Errorf("no cell of the acked informer and the bridge as a process in this run")
+	}
+	return b.String(), nil
 }
 
 // spanOf is the lowest, median and highest of of over rs (0s without rs).

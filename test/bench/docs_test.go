@@ -107,3 +107,36 @@ func TestEveryBlockIsRendered(t *testing.T) {
 		t.Fatal("no markdown file with a benchmark block found")
 	}
 }
+
+// A part's cost is the variant it is left out of less the variant
+// without it, and each variant is read against the acked informer of its
+// rate.
+func TestCostTable(t *testing.T) {
+	cell := func(v string, ownCPU float64) Cell {
+		return Cell{Variant: v, Rate: 100, Reps: []Rep{{Made: 1000, OwnCPUSeconds: ownCPU}}}
+	}
+	res := Results{Rates: []int{100}, Cells: []Cell{
+		cell("raw-informer (process)", 0.5), cell("raw-informer (process, acked)", 0.6), cell("student-bridge (process)", 1.5),
+		cell("student-bridge (process, publishing only)", 1.2), cell("student-bridge (process, publishing only, one write)", 0.9),
+	}}
+	got, err := costTable(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| 100 | raw-informer (process) | waiting for the ack | 0.500 | 0.83x | 0.100 |",
+		"| 100 | student-bridge (process) | nothing (as deployed) | 1.500 | 2.50x | - |",
+		"| 100 | student-bridge (process, publishing only) | all three | 1.200 | 2.00x | 0.300 (of student-bridge (process)) |",
+		"| 100 | student-bridge (process, publishing only, one write) | the reservation's and the record's writes of their own | 0.900 | 1.50x | 0.300 (of student-bridge (process, publishing only)) |",
+	} {
+		if !strings.Contains(got, want+"\n") {
+			t.Errorf("cost table\n%s\nwithout %q", got, want)
+		}
+	}
+	if strings.Contains(got, "no k8s Events") {
+		t.Errorf("cost table shows a variant the run did not measure:\n%s", got)
+	}
+	if _, err := costTable(Results{Rates: []int{100}}); err == nil {
+		t.Error("a run without the bridge and the acked informer rendered a cost table")
+	}
+}
