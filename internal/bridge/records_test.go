@@ -394,7 +394,9 @@ func TestDeleteMarkersPurgedWhileRunning(t *testing.T) {
 	waitStream(t, nc, cfg.NATS.Stream.Name, 10)
 	stacktest.WaitFor(t, "the markers purged", func() error {
 		for name, kv := range map[string]jetstream.KeyValue{"records": records, "receipts": receipts} {
-			if n := markers(t, kv); n != 0 {
+			if n, err := markers(kv); err != nil {
+				return fmt.Errorf("the %s bucket: %w", name, err)
+			} else if n != 0 {
 				return fmt.Errorf("the %s bucket holds %d delete markers; they are older than %s", name, n, cfg.Records.DeleteMarkerAge)
 			}
 		}
@@ -402,21 +404,31 @@ func TestDeleteMarkersPurgedWhileRunning(t *testing.T) {
 	})
 }
 
-// markers counts the delete markers in kv.
-func markers(t *testing.T, kv jetstream.KeyValue) (n int) {
-	t.Helper()
-	w, err := kv.WatchAll(context.Background())
+// markers counts the delete markers in kv. A watch that the bridge's
+// purge overtakes can wait forever for the entries it was told are there:
+// it gives up after a few seconds, and the caller looks again.
+func markers(kv jetstream.KeyValue) (n int, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	w, err := kv.WatchAll(ctx)
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	defer func() { _ = w.Stop() }()
-	for e := range w.Updates() {
-		if e == nil {
-			break
-		}
-		if op := e.Operation(); op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge {
-			n++
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return 0, fmt.Errorf("its watch ended before its entries: %w", ctx.Err())
+			}
+			if e == nil {
+				return n, nil // every entry read
+			}
+			if op := e.Operation(); op == jetstream.KeyValueDelete || op == jetstream.KeyValuePurge {
+				n++
+			}
+		case <-ctx.Done():
+			return 0, fmt.Errorf("reading its entries: %w", ctx.Err())
 		}
 	}
-	return n
 }
