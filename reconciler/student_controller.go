@@ -138,6 +138,9 @@ type StudentReconciler struct {
 	// brokerWaiting counts them.
 	brokerWaits   sync.Map // types.NamespacedName -> struct{}
 	brokerWaiting atomic.Int64
+	// refused holds, per Student, the id of the event a terminal error
+	// refused (it will never fit), until the Student publishes again.
+	refused sync.Map // types.NamespacedName -> string
 	// seen holds when the watch first showed a change of a Student that
 	// no reconcile has started for yet: the queue stage's start.
 	seen sync.Map // types.NamespacedName -> time.Time
@@ -565,15 +568,27 @@ func (r *StudentReconciler) flush(ctx context.Context) error {
 // got its ack is published as it is by whoever reads it next
 // (publishReserved). So each of a Student's numbers goes to one event.
 func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student, typ string, last *studentv1.PublishedEvent) (err error) {
-	ctx, span := startPublish(ctx, stu, typ)
-	defer func() { endSpan(span, err) }()
 	key := client.ObjectKeyFromObject(stu)
 	previousID := ""
 	if last != nil {
 		previousID = last.ID
 	}
+	id := contract.EventID(typ, stu, previousID)
+	if v, ok := r.refused.Load(key); ok && v.(string) == id {
+		// Refused for good already: the same state queued twice (a
+		// start's catch-up and its initial list) is not tried again,
+		// it waits for the Student to change.
+		return nil
+	}
+	ctx, span := startPublish(ctx, stu, typ)
+	defer func() {
+		endSpan(span, err)
+		if errors.Is(err, reconcile.TerminalError(nil)) {
+			r.refused.Store(key, id)
+		}
+	}()
 	now := r.now()
-	ev, err := contract.NewEvent(r.cluster, typ, contract.EventID(typ, stu, previousID), stu, last, now)
+	ev, err := contract.NewEvent(r.cluster, typ, id, stu, last, now)
 	if err != nil {
 		r.recorder.Eventf(stu, nil, corev1.EventTypeWarning, studentv1.ReasonInvalid, "Publish", "cannot build %s event: %v", typ, err)
 		return r.failed(key, reconcile.TerminalError(err))
@@ -718,6 +733,7 @@ func (r *StudentReconciler) failed(key types.NamespacedName, err error) error {
 // next success.
 func (r *StudentReconciler) succeeded(key types.NamespacedName) {
 	r.failures.Delete(key)
+	r.refused.Delete(key)
 	r.stopWaiting(key)
 	if r.brokerWaiting.Load() == 0 {
 		return
