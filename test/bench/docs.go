@@ -221,7 +221,7 @@ func summaryTables(res Results) (summary, ratios string) {
 	}{
 		{"p99 ms", func(r result) float64 { return toMS(r.p99) }, func(x float64) string { return fmt.Sprintf("%.1f", x) }},
 		{"p99 ms of the change's API call", func(r result) float64 { return toMS(r.apiP99) }, func(x float64) string { return fmt.Sprintf("%.1f", x) }},
-		{"own CPU s/1k changes", func(r result) float64 { return r.ownCPU / float64(r.made) * 1000 }, func(x float64) string { return fmt.Sprintf("%.2f", x) }},
+		{"own CPU s/1k changes", ownCPUPerK, func(x float64) string { return fmt.Sprintf("%.2f", x) }},
 		{"drained changes/s", func(r result) float64 { return r.drained }, func(x float64) string { return fmt.Sprintf("%.0f", x) }},
 	}
 	for _, rate := range res.Rates {
@@ -284,7 +284,7 @@ func costTable(res Results) (string, error) {
 	const acked, raw, bridge = "raw-informer (process, acked)", "raw-informer (process)", "student-bridge (process)"
 	results := res.cells()
 	ownCPU := func(v string, rate int) float64 {
-		_, med, _ := spanOf(results[cellKey{v, rate}], func(r result) float64 { return r.ownCPU / float64(r.made) * 1000 })
+		_, med, _ := spanOf(results[cellKey{v, rate}], ownCPUPerK)
 		return med
 	}
 	var b strings.Builder
@@ -316,6 +316,10 @@ func costTable(res Results) (string, error) {
 	}
 	return b.String(), nil
 }
+
+// ownCPUPerK is r's own CPU (its variant's processes) in seconds per
+// 1,000 changes: milliseconds per change.
+func ownCPUPerK(r result) float64 { return r.ownCPU / float64(r.made) * 1000 }
 
 // spanOf is the lowest, median and highest of of over rs (0s without rs).
 func spanOf(rs []result, of func(result) float64) (lo, med, hi float64) {
