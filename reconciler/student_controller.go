@@ -694,11 +694,12 @@ func (r *StudentReconciler) commit(ctx context.Context, c sink.Committer, stu *s
 
 // warn records a Warning Event on stu for a publish (or its record) that
 // failed with err. A cluster that cannot store for a moment (an election,
-// a lost quorum: sink.ErrUnavailable) is no fault of the Student's or a
-// refusal of the broker's: it is logged, counted and shown in the status,
-// and retried, without a Warning Event.
+// a lost quorum: sink.ErrUnavailable), like records another reconcile is
+// writing after such a failure (records.ErrFlushing), is no fault of the
+// Student's or a refusal of the broker's: it is logged, counted and shown
+// in the status, and retried, without a Warning Event.
 func (r *StudentReconciler) warn(ctx context.Context, stu *studentv1.Student, err error, format string, args ...any) {
-	if errors.Is(err, sink.ErrUnavailable) {
+	if errors.Is(err, sink.ErrUnavailable) || errors.Is(err, records.ErrFlushing) {
 		log.FromContext(ctx).Info("NATS cannot store now; retrying", "reason", err.Error())
 		return
 	}
@@ -717,12 +718,21 @@ func (r *StudentReconciler) save(ctx context.Context, stage string, rec studentv
 func (r *StudentReconciler) failed(key types.NamespacedName, err error) error {
 	r.failures.Store(key, err)
 	r.status.Enqueue(key)
-	if errors.Is(err, sink.ErrNotConnected) || errors.Is(err, sink.ErrUnavailable) {
+	if waitsForBroker(err) {
 		if _, loaded := r.brokerWaits.LoadOrStore(key, struct{}{}); !loaded {
 			r.brokerWaiting.Add(1)
 		}
 	}
 	return err
+}
+
+// waitsForBroker reports whether err is the broker's: not connected, or
+// unavailable, or records held back by such a failure that another
+// reconcile is writing now (records.ErrFlushing). A Student that failed so
+// is queued again by the next success (succeeded), not left on a backoff
+// that grew while the broker was away.
+func waitsForBroker(err error) bool {
+	return errors.Is(err, sink.ErrNotConnected) || errors.Is(err, sink.ErrUnavailable) || errors.Is(err, records.ErrFlushing)
 }
 
 // succeeded forgets key's failure. A success is news of the broker too:

@@ -512,14 +512,17 @@ func (r *Set) Flush(ctx context.Context) error {
 		return nil
 	}
 	if !r.flushing.TryLock() {
-		return errFlushing
+		return ErrFlushing
 	}
 	defer r.flushing.Unlock()
 	return r.flushHeld(ctx)
 }
 
-// errFlushing is Flush's answer while another flush is under way.
-var errFlushing = errors.New("another reconcile is writing the held-back records")
+// ErrFlushing is Flush's answer while another flush is under way. The
+// records are held back because the broker failed, so a caller told this
+// waits for the broker as it would for sink.ErrNotConnected: the flush
+// under way is the broker's retry.
+var ErrFlushing = errors.New("another reconcile is writing the held-back records")
 
 // Unsaved reports how many records wait for the store.
 func (r *Set) Unsaved() int {
