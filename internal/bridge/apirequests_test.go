@@ -4,6 +4,10 @@ import (
 	"net/http"
 	"net/url"
 	"testing"
+
+	"k8s.io/client-go/rest"
+
+	"github.com/student-bridge/student-bridge/internal/config"
 )
 
 func TestRequestVerb(t *testing.T) {
@@ -27,6 +31,33 @@ func TestRequestVerb(t *testing.T) {
 		req := &http.Request{Method: c.method, URL: &url.URL{Path: c.path, RawQuery: c.query}}
 		if verb, resource := requestVerb(req); verb != c.verb || resource != c.resource {
 			t.Errorf("%s %s?%s: %s %s, want %s %s", c.method, c.path, c.query, verb, resource, c.verb, c.resource)
+		}
+	}
+}
+
+// TestKubeAPIConfig: the bridge asks for uncompressed responses unless
+// kubeAPICompression is set, and a kubeconfig's disable-compression wins.
+func TestKubeAPIConfig(t *testing.T) {
+	for _, c := range []struct {
+		compression, kubeconfigDisables, wantDisabled bool
+	}{
+		{false, false, true},
+		{true, false, false},
+		{true, true, true},
+		{false, true, true},
+	} {
+		cfg := &config.Config{KubeAPIQPS: 7, KubeAPIBurst: 9, KubeAPICompression: c.compression}
+		in := &rest.Config{Host: "https://api.example", DisableCompression: c.kubeconfigDisables}
+		got := kubeAPIConfig(cfg, in)
+		if got.DisableCompression != c.wantDisabled {
+			t.Errorf("kubeAPICompression %v, kubeconfig disable-compression %v: DisableCompression %v, want %v",
+				c.compression, c.kubeconfigDisables, got.DisableCompression, c.wantDisabled)
+		}
+		if got.QPS != 7 || got.Burst != 9 {
+			t.Errorf("QPS %v burst %d, want 7 and 9", got.QPS, got.Burst)
+		}
+		if in.DisableCompression != c.kubeconfigDisables || in.QPS != 0 {
+			t.Errorf("the caller's config was changed: %+v", in)
 		}
 	}
 }

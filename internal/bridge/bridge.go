@@ -99,9 +99,7 @@ func Run(ctx context.Context, cfg *config.Config, restCfg *rest.Config) error {
 		return err
 	}
 
-	restCfg = rest.CopyConfig(restCfg)
-	restCfg.QPS, restCfg.Burst = cfg.KubeAPIQPS, cfg.KubeAPIBurst
-	countAPIRequests(restCfg)
+	restCfg = kubeAPIConfig(cfg, restCfg)
 	selector, err := labels.Parse(cfg.LabelSelector)
 	if err != nil {
 		return fmt.Errorf("config key labelSelector: %w", err)
@@ -329,6 +327,21 @@ func addHealth(mgr manager.Manager, cfg *config.Config, nc *nats.Conn, brokerRea
 		}
 		return nil
 	})
+}
+
+// kubeAPIConfig is restCfg as the bridge uses it: its request budget
+// (kubeAPIQPS, kubeAPIBurst), its requests counted, and uncompressed
+// unless kubeAPICompression asks for gzip: kube-apiserver gzips the
+// Students' watch-list stream event by event, and on the network a
+// controller shares with its API server that costs CPU on both ends and
+// saves no time (Kubernetes' own control plane turns it off too). A
+// kubeconfig's disable-compression still turns it off.
+func kubeAPIConfig(cfg *config.Config, restCfg *rest.Config) *rest.Config {
+	restCfg = rest.CopyConfig(restCfg)
+	restCfg.QPS, restCfg.Burst = cfg.KubeAPIQPS, cfg.KubeAPIBurst
+	restCfg.DisableCompression = restCfg.DisableCompression || !cfg.KubeAPICompression
+	countAPIRequests(restCfg)
+	return restCfg
 }
 
 func newManager(cfg *config.Config, restCfg *rest.Config, selector labels.Selector, recs *records.Set) (manager.Manager, error) {

@@ -31,6 +31,7 @@ type Config struct {
 	Workers             int            `key:"workers" flag:"workers" default:"16" help:"Students reconciled concurrently; each waits for its JetStream ack and API writes, so this bounds throughput."`
 	KubeAPIQPS          float32        `key:"kubeAPIQPS" flag:"kube-api-qps" default:"500" help:"Requests per second the bridge may send to the Kubernetes API (finalizers, status, Events)."`
 	KubeAPIBurst        int            `key:"kubeAPIBurst" flag:"kube-api-burst" default:"1000" help:"Burst above kubeAPIQPS."`
+	KubeAPICompression  bool           `key:"kubeAPICompression" flag:"kube-api-compression" help:"Ask the Kubernetes API server for gzip-compressed responses, the Students' watch included. Off by default, as in Kubernetes' own control plane: next to the API server, compressing costs CPU on both ends and saves no time. Turn it on when the bridge reaches the API server over a slow link; a kubeconfig's disable-compression still turns it off."`
 	MetricsAddr         string         `key:"metricsAddr" flag:"metrics-bind-address" default:":8080" help:"Address of the Prometheus /metrics endpoint; \"0\" disables it."`
 	HealthAddr          string         `key:"healthAddr" flag:"health-probe-bind-address" default:":8081" help:"Address of the /healthz and /readyz endpoints; \"0\" disables them."`
 	PprofAddr           string         `key:"pprofAddr" flag:"pprof-bind-address" help:"Address of the Go pprof endpoints (/debug/pprof/); empty disables them. Do not expose it."`

@@ -162,7 +162,13 @@ func startAckedInformerProcess(ctx context.Context, e *env, r *run) (func(), err
 	return rawInformerProcess(ctx, e, r, true)
 }
 
-func rawInformerProcess(ctx context.Context, e *env, r *run, acked bool) (func(), error) {
+// startUncompressedInformerProcess is startAckedInformerProcess with
+// compression turned off, as the bridge has it by default.
+func startUncompressedInformerProcess(ctx context.Context, e *env, r *run) (func(), error) {
+	return rawInformerProcess(ctx, e, r, true, "-compression=false")
+}
+
+func rawInformerProcess(ctx context.Context, e *env, r *run, acked bool, extra ...string) (func(), error) {
 	b, err := e.prepare()
 	if err != nil {
 		return nil, err
@@ -170,7 +176,8 @@ func rawInformerProcess(ctx context.Context, e *env, r *run, acked bool) (func()
 	if err := ensureStream(ctx, e, r); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(b.bench, "raw-informer", "-kubeconfig", b.config, "-nats", e.url, "-namespace", r.ns, "-prefix", r.prefix, "-acked="+strconv.FormatBool(acked))
+	args := append([]string{"raw-informer", "-kubeconfig", b.config, "-nats", e.url, "-namespace", r.ns, "-prefix", r.prefix, "-acked=" + strconv.FormatBool(acked)}, extra...)
+	cmd := exec.Command(b.bench, args...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
@@ -210,12 +217,14 @@ func rawInformerMain(args []string) int {
 	ns := fs.String("namespace", "", "namespace of the Students")
 	prefix := fs.String("prefix", "", "subject prefix")
 	acked := fs.Bool("acked", false, "wait for each event's ack before the next")
+	compression := fs.Bool("compression", true, "ask for gzip-compressed responses (client-go's default)")
 	_ = fs.Parse(args)
 	restCfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "raw-informer:", err)
 		return 1
 	}
+	restCfg.DisableCompression = !*compression
 	nc, err := nats.Connect(*url)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "raw-informer:", err)

@@ -111,6 +111,9 @@ var variants = []variant{
 	{name: "raw-informer (process)", k8s: true, start: startRawInformerProcess},
 	// What an at-least-once exporter must do at least: wait for each ack.
 	{name: "raw-informer (process, acked)", k8s: true, start: startAckedInformerProcess},
+	// The same without compression, as the bridge asks by default
+	// (kubeAPICompression).
+	{name: "raw-informer (process, acked, uncompressed)", k8s: true, start: startUncompressedInformerProcess},
 	{name: "student-bridge", k8s: true, bridge: true, policy: true, start: func(ctx context.Context, e *env, r *run) (func(), error) {
 		return startBridge(ctx, e, r, true, true, nil)
 	}},
@@ -135,6 +138,9 @@ var variants = []variant{
 	{name: "student-bridge (process, no k8s Events)", k8s: true, bridge: true, policy: true, start: bridgeProcess("--kubernetes-events=false")},
 	{name: "student-bridge (process, no status)", k8s: true, bridge: true, policy: true, start: bridgeProcess("--status=false")},
 	{name: "student-bridge (process, publishing only)", k8s: true, bridge: true, start: bridgeProcess("--hold-deletes-with-finalizer=false", "--kubernetes-events=false", "--status=false")},
+	// The bridge asking for compressed responses, as it did before
+	// kubeAPICompression (off by default).
+	{name: "student-bridge (process, compressed)", k8s: true, bridge: true, policy: true, start: bridgeProcess("--kube-api-compression")},
 	// The records in the events' stream, each change one atomic batch of
 	// its event and its record (records.store: stream, docs/one-write.md).
 	{name: "student-bridge (process, one write)", k8s: true, bridge: true, policy: true, start: bridgeProcess("--records-store=stream")},
