@@ -97,6 +97,14 @@ type Options struct {
 	// otherwise the cache is behind (it relists after a watch that
 	// expired, or starts late on a gained shard).
 	InScope func(*studentv1.Student) bool
+	// LabelScoped says the watch has a label selector. A Student whose
+	// labels leave it then looks deleted to the watch, with its last state
+	// in scope, so every Student the watch shows deleted is looked up on
+	// the API server before its deletion is published. Without a selector
+	// (the namespaces are fixed while the bridge runs) a deletion the watch
+	// showed with the final state is one, and is published without that
+	// read.
+	LabelScoped bool
 	// Namespaces are the namespaces the cache watches; empty: all.
 	Namespaces []string
 	// Now returns the current time. Default: time.Now.
@@ -124,13 +132,14 @@ type StudentReconciler struct {
 	shards            ShardOwner
 	sharded           bool // Options.Shards was given
 	inScope           func(*studentv1.Student) bool
+	labelScoped       bool
 	namespaces        []string
 	now               func() time.Time
 	timeout           time.Duration
 
 	// gone holds the last state the watch showed of deleted Students, for
 	// their deleted event when no finalizer held them.
-	gone sync.Map // types.NamespacedName -> *studentv1.Student
+	gone sync.Map // types.NamespacedName -> goneState
 	// failures holds the last publish failure per Student, for the status.
 	failures sync.Map // types.NamespacedName -> error
 	// brokerWaits holds the Students whose last attempt failed because the
@@ -170,7 +179,7 @@ func New(d Deps, o Options) (*StudentReconciler, error) {
 		client: d.Client, apiReader: d.APIReader, sink: d.Sink, records: d.Records,
 		cluster: o.Cluster, holdWithFinalizer: o.HoldWithFinalizer, recorder: o.Recorder,
 		status: o.Status, receipts: o.Receipts, shards: o.Shards, sharded: o.Shards != nil,
-		inScope: o.InScope, namespaces: o.Namespaces, now: o.Now, timeout: o.Timeout,
+		inScope: o.InScope, labelScoped: o.LabelScoped, namespaces: o.Namespaces, now: o.Now, timeout: o.Timeout,
 		toQueue: make(chan event.TypedGenericEvent[*studentv1.Student], toQueueSize),
 	}
 	if r.apiReader == nil {
@@ -333,32 +342,31 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 		// with it; but a service's receipt of the deleted event can come
 		// after, while the Student was still there, finalizer and all.
 		// Gone now, it has none.
-		if s, ok := r.gone.Load(key); ok {
-			if err := r.receipts.Forget(ctx, string(s.(*studentv1.Student).UID)); err != nil {
+		if g, ok := r.gone.Load(key); ok {
+			if err := r.receipts.Forget(ctx, string(g.(goneState).s.UID)); err != nil {
 				return ctrl.Result{}, err
 			}
 		}
 		r.gone.Delete(key)
 		return ctrl.Result{}, nil
 	}
-	var live studentv1.Student
-	err := r.apiReader.Get(ctx, key, &live)
-	if err != nil && !apierrors.IsNotFound(err) {
+	live, err := r.liveStudent(ctx, key, recs)
+	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("look up %s: %w", key, err)
 	}
 	var errs []error
 	for _, rec := range recs {
-		exists := err == nil && live.UID == rec.UID
+		exists := live != nil && live.UID == rec.UID
 		switch {
 		case exists && rec.Published.Type == studentv1.EventTypeDeleted:
 			// Left the scope earlier; the record keeps the next created
 			// apart from the first.
-		case exists && r.inScope(&live):
+		case exists && r.inScope(live):
 			// In scope, so the cache is behind: its watch event queues the
 			// Student again; look again in a moment all the same.
 			return ctrl.Result{RequeueAfter: time.Second}, nil
 		case exists:
-			errs = append(errs, r.leaveScope(ctx, &live, rec))
+			errs = append(errs, r.leaveScope(ctx, live, rec))
 		case rec.Published.Type == studentv1.EventTypeDeleted:
 			errs = append(errs, r.removeRecord(ctx, rec.UID))
 		default:
@@ -371,6 +379,35 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 	r.gone.Delete(key)
 	r.succeeded(key)
 	return ctrl.Result{}, nil
+}
+
+// liveStudent is the Student named key on the API server, nil if there is
+// none, for the records recs of that name the cache has no Student for.
+// The read is saved when the watch showed the Student of every one of
+// recs deleted, with its final state, and has no label selector: then it
+// is gone (Options.LabelScoped).
+func (r *StudentReconciler) liveStudent(ctx context.Context, key types.NamespacedName, recs []studentv1.StudentRecord) (*studentv1.Student, error) {
+	if g, ok := r.gone.Load(key); ok && g.(goneState).final && !r.labelScoped &&
+		!slices.ContainsFunc(recs, func(rec studentv1.StudentRecord) bool { return rec.UID != g.(goneState).s.UID }) {
+		return nil, nil
+	}
+	var live studentv1.Student
+	err := r.apiReader.Get(ctx, key, &live)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	return &live, nil
+}
+
+// goneState is the last state the watch showed of a deleted Student, and
+// whether it is the final one: not when the watch missed the deletion and
+// a relist found the Student missing (a tombstone of the cache's state).
+type goneState struct {
+	s     *studentv1.Student
+	final bool
 }
 
 // staleFirst reports whether stu, which has no record here, is a state the
@@ -411,8 +448,8 @@ func Scope(namespaces []string, selector labels.Selector) func(*studentv1.Studen
 // last state published.
 func (r *StudentReconciler) publishGone(ctx context.Context, key types.NamespacedName, rec studentv1.StudentRecord) error {
 	gone := recordedStudent(rec)
-	if v, ok := r.gone.Load(key); ok && v.(*studentv1.Student).UID == rec.UID {
-		gone = v.(*studentv1.Student)
+	if g, ok := r.gone.Load(key); ok && g.(goneState).s.UID == rec.UID {
+		gone = g.(goneState).s
 	}
 	if err := r.publish(ctx, gone, studentv1.EventTypeDeleted, lastPublished(rec, true)); err != nil {
 		return err

@@ -62,7 +62,7 @@ func (h watchHandler) Update(ctx context.Context, e event.UpdateEvent, q workque
 func (h watchHandler) Delete(ctx context.Context, e event.DeleteEvent, q workqueue.TypedRateLimitingInterface[reconcile.Request]) {
 	key := client.ObjectKeyFromObject(e.Object)
 	if s, ok := e.Object.(*studentv1.Student); ok {
-		h.r.gone.Store(key, s)
+		h.r.gone.Store(key, goneState{s: s, final: !e.DeleteStateUnknown})
 	}
 	h.r.stamp(key)
 	h.enqueue.Delete(ctx, e, q)

@@ -135,8 +135,13 @@ func TestWatchHandler(t *testing.T) {
 
 	gone := watched("mine", 3, map[string]string{"last": "state"})
 	h.Delete(ctx, event.DeleteEvent{Object: gone}, q)
-	if v, ok := r.gone.Load(key); !ok || v.(*studentv1.Student) != gone {
-		t.Fatalf("the deleted Student's last state was not kept: %v", v)
+	if v, ok := r.gone.Load(key); !ok || v.(goneState) != (goneState{s: gone, final: true}) {
+		t.Fatalf("the deleted Student's final state was not kept: %v", v)
+	}
+	// A deletion a relist found: the state kept is the cache's, not final.
+	h.Delete(ctx, event.DeleteEvent{Object: gone, DeleteStateUnknown: true}, q)
+	if v, ok := r.gone.Load(key); !ok || v.(goneState) != (goneState{s: gone, final: false}) {
+		t.Fatalf("a tombstone's state was kept as final: %v", v)
 	}
 	if q.Len() != 1 {
 		t.Fatalf("queued %d, want the one key once", q.Len())

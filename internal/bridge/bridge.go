@@ -226,6 +226,7 @@ func addReconciler(mgr manager.Manager, cfg *config.Config, restCfg *rest.Config
 		Cluster:           cfg.Cluster,
 		HoldWithFinalizer: cfg.Deletes.HoldWithFinalizer,
 		InScope:           reconciler.Scope(cfg.Namespaces, selector),
+		LabelScoped:       !selector.Empty(),
 		Namespaces:        cfg.Namespaces,
 		Timeout:           cfg.NATS.AckTimeout + reconcileSlack,
 	}

@@ -157,6 +157,46 @@ func TestScopeExit(t *testing.T) {
 	}
 }
 
+// TestDeletionSeenIsNotReadAgain: without a finalizer or a label
+// selector, a deletion the watch showed is published from the state the
+// watch carried, without reading the Student from the API server (a read
+// per delete). With a label selector it is read (TestScopeExit).
+func TestDeletionSeenIsNotReadAgain(t *testing.T) {
+	ctx := context.Background()
+	ns := newNamespace(t)
+	cfg := testConfig(t, ns, "seen")
+	cfg.Deletes.HoldWithFinalizer = false
+	startBridge(t, cfg)
+	nc := natsConn(t)
+	const n = 5
+	createStudents(t, ns, "s%d", n)
+	waitStream(t, nc, cfg.NATS.Stream.Name, n)
+
+	reads := func() float64 {
+		t.Helper()
+		v, err := stacktest.CounterOf("student_bridge_api_requests_total", map[string]string{"verb": "get", "resource": "students"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	before := reads()
+	for i := range n {
+		if err := st.Client.Delete(ctx, getStudent(t, ns, fmt.Sprintf("s%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := waitStream(t, nc, cfg.NATS.Stream.Name, 2*n)
+	for _, r := range got[n:] {
+		if r.Event.Type() != studentv1.EventTypeDeleted {
+			t.Errorf("%s: %s, want deleted", r.Data.Metadata.Name, r.Event.Type())
+		}
+	}
+	if d := reads() - before; d != 0 {
+		t.Errorf("publishing %d deletions the watch showed read Students %v times from the API server, want 0", n, d)
+	}
+}
+
 // frozenStore makes a record bucket's stream stop answering writes, as a
 // stream leader that froze does, and then answer them late, as one that
 // thawed does: its subjects move aside, and a subscriber holds every write

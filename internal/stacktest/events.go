@@ -159,9 +159,23 @@ func HistogramSum(name, label, value string) (float64, error) {
 	return m.GetHistogram().GetSampleSum(), err
 }
 
+// CounterOf reads the counter name whose labels include every one of
+// labels from controller-runtime's metrics registry of this process (0 if
+// it has not counted yet).
+func CounterOf(name string, labels map[string]string) (float64, error) {
+	m, err := metricOf(name, labels)
+	return m.GetCounter().GetValue(), err
+}
+
 // metric finds the series name{label="value"} in controller-runtime's
 // metrics registry of this process (nil if there is none yet).
 func metric(name, label, value string) (*dto.Metric, error) {
+	return metricOf(name, map[string]string{label: value})
+}
+
+// metricOf finds the first series name whose labels include every one of
+// labels (nil if there is none yet).
+func metricOf(name string, labels map[string]string) (*dto.Metric, error) {
 	families, err := crmetrics.Registry.Gather()
 	if err != nil {
 		return nil, err
@@ -171,10 +185,14 @@ func metric(name, label, value string) (*dto.Metric, error) {
 			continue
 		}
 		for _, m := range f.GetMetric() {
+			matched := 0
 			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m, nil
+				if v, ok := labels[l.GetName()]; ok && v == l.GetValue() {
+					matched++
 				}
+			}
+			if matched == len(labels) {
+				return m, nil
 			}
 		}
 	}
