@@ -731,12 +731,13 @@ func (r *StudentReconciler) commit(ctx context.Context, c sink.Committer, stu *s
 
 // warn records a Warning Event on stu for a publish (or its record) that
 // failed with err. A cluster that cannot store for a moment (an election,
-// a lost quorum: sink.ErrUnavailable), like records another reconcile is
-// writing after such a failure (records.ErrFlushing), is no fault of the
-// Student's or a refusal of the broker's: it is logged, counted and shown
-// in the status, and retried, without a Warning Event.
+// a lost quorum: sink.ErrUnavailable) is no fault of the Student's or a
+// refusal of the broker's: it is logged, counted and shown in the status,
+// and retried, without a Warning Event. Records held back (also while
+// another reconcile writes them: records.ErrFlushing) do get one: they
+// say why nothing new is published, for as long as the store refuses.
 func (r *StudentReconciler) warn(ctx context.Context, stu *studentv1.Student, err error, format string, args ...any) {
-	if errors.Is(err, sink.ErrUnavailable) || errors.Is(err, records.ErrFlushing) {
+	if errors.Is(err, sink.ErrUnavailable) {
 		log.FromContext(ctx).Info("NATS cannot store now; retrying", "reason", err.Error())
 		return
 	}
