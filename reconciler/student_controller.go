@@ -342,8 +342,8 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 		// with it; but a service's receipt of the deleted event can come
 		// after, while the Student was still there, finalizer and all.
 		// Gone now, it has none.
-		if g, ok := r.gone.Load(key); ok {
-			if err := r.receipts.Forget(ctx, string(g.(goneState).s.UID)); err != nil {
+		if g, ok := r.lastSeen(key); ok {
+			if err := r.receipts.Forget(ctx, string(g.s.UID)); err != nil {
 				return ctrl.Result{}, err
 			}
 		}
@@ -387,8 +387,8 @@ func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.Namespa
 // recs deleted, with its final state, and has no label selector: then it
 // is gone (Options.LabelScoped).
 func (r *StudentReconciler) liveStudent(ctx context.Context, key types.NamespacedName, recs []studentv1.StudentRecord) (*studentv1.Student, error) {
-	if g, ok := r.gone.Load(key); ok && g.(goneState).final && !r.labelScoped &&
-		!slices.ContainsFunc(recs, func(rec studentv1.StudentRecord) bool { return rec.UID != g.(goneState).s.UID }) {
+	if g, ok := r.lastSeen(key); ok && g.final && !r.labelScoped &&
+		!slices.ContainsFunc(recs, func(rec studentv1.StudentRecord) bool { return rec.UID != g.s.UID }) {
 		return nil, nil
 	}
 	var live studentv1.Student
@@ -408,6 +408,15 @@ func (r *StudentReconciler) liveStudent(ctx context.Context, key types.Namespace
 type goneState struct {
 	s     *studentv1.Student
 	final bool
+}
+
+// lastSeen is what the watch showed last of the deleted Student named key.
+func (r *StudentReconciler) lastSeen(key types.NamespacedName) (goneState, bool) {
+	v, ok := r.gone.Load(key)
+	if !ok {
+		return goneState{}, false
+	}
+	return v.(goneState), true
 }
 
 // staleFirst reports whether stu, which has no record here, is a state the
@@ -448,8 +457,8 @@ func Scope(namespaces []string, selector labels.Selector) func(*studentv1.Studen
 // last state published.
 func (r *StudentReconciler) publishGone(ctx context.Context, key types.NamespacedName, rec studentv1.StudentRecord) error {
 	gone := recordedStudent(rec)
-	if g, ok := r.gone.Load(key); ok && g.(goneState).s.UID == rec.UID {
-		gone = g.(goneState).s
+	if g, ok := r.lastSeen(key); ok && g.s.UID == rec.UID {
+		gone = g.s
 	}
 	if err := r.publish(ctx, gone, studentv1.EventTypeDeleted, lastPublished(rec, true)); err != nil {
 		return err
