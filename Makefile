@@ -56,7 +56,8 @@ TEST_FLAGS ?= -race -count=1 -timeout 30m
 # exceeded" on a busy machine, no input at fault (golang/go#75804).
 FUZZ_TIME ?= 5000x
 FUZZ_TARGETS := ./api/v1:FuzzParseReceipt ./api/v1:FuzzParseSnapshotRequest ./api/contract:FuzzParseRecord \
-	./internal/natssink:FuzzEventRoundTrip ./consumer:FuzzDecode ./internal/natssink:FuzzDecodeMsg ./internal/config:FuzzLoad
+	./internal/natssink:FuzzEventRoundTrip ./consumer:FuzzDecode ./internal/natssink:FuzzDecodeMsg ./internal/natssink:FuzzScanAck \
+	./internal/config:FuzzLoad
 
 # Every program this Makefile builds (the generators, `make build`'s
 # bridge, the benchmark, the programs the tests build, see stack.Build, and

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -50,6 +51,11 @@ type KV struct {
 	bucket  string
 	timeout time.Duration
 	mover   *Mover
+	// put is the subject prefix a write of a key goes to ($KV.<bucket>.),
+	// written by publishJS; "" for a bucket in another domain or a
+	// mirror, written by nats.go's Update.
+	put    string
+	stream string // the bucket's stream, which answers a write
 }
 
 var _ sink.Store = (*KV)(nil)
@@ -105,7 +111,11 @@ func EnsureBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create b
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
 	}
-	return &KV{nc: nc, kv: kv, bucket: cfg.Name, timeout: cfg.Timeout, mover: cfg.Mover}, nil
+	s := &KV{nc: nc, kv: kv, bucket: cfg.Name, timeout: cfg.Timeout, mover: cfg.Mover}
+	if st, ok := status.(*jetstream.KeyValueBucketStatus); ok && cfg.Domain == "" && st.StreamInfo().Config.Mirror == nil {
+		s.put, s.stream = "$KV."+cfg.Name+".", "KV_"+cfg.Name
+	}
+	return s, nil
 }
 
 func sources(s *jetstream.StreamSource) []*jetstream.StreamSource {
@@ -305,12 +315,41 @@ func (s *KV) Put(ctx context.Context, key string, value []byte, revision uint64)
 	// marker is gone (PurgeDeleteMarkers): kv.Create would also write over
 	// a marker, and so let a replica that lost the Student (paused before
 	// its first reservation) bring back a record another one removed.
-	rev, err := s.kv.Update(ctx, key, value, revision)
+	rev, err := s.update(ctx, key, value, revision)
 	if err != nil {
 		return 0, s.mover.Observe(s.classify("put "+key, err))
 	}
 	_ = s.mover.Observe(nil)
 	return rev, nil
+}
+
+// update is the bucket's Update, as nats.go writes it (a message on the
+// key's subject, fenced by the subject's last sequence), with the answer
+// read by publishJS.
+func (s *KV) update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
+	if s.put == "" || !plainKey(key) {
+		return s.kv.Update(ctx, key, value, revision) // which refuses a key no subject can hold
+	}
+	m := nats.NewMsg(s.put + key)
+	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(revision, 10))
+	m.Data = value
+	a, err := publishJS(ctx, s.nc, m, s.stream)
+	return a.Seq, err
+}
+
+// plainKey reports whether key is one of letters, digits and "-_=/"
+// (a Student's uid is), which is a key nats.go takes and a subject token
+// as it is.
+func plainKey(key string) bool {
+	plain := func(c byte) bool {
+		return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '=' || c == '/'
+	}
+	for _, c := range []byte(key) {
+		if !plain(c) {
+			return false
+		}
+	}
+	return key != ""
 }
 
 // Delete implements sink.Store.

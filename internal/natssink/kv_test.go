@@ -174,3 +174,48 @@ func TestDeleteMarkerRefusesAFirstWrite(t *testing.T) {
 		t.Errorf("a first write once the marker was purged: %v", err)
 	}
 }
+
+// TestPutWritesTheKeyFenced: a record written by Put is the bucket's
+// value of the key, as nats.go's own client reads it, at the revision Put
+// returned; a write over a revision that is not the key's last is a
+// conflict, with a Student's uid as the key and with a key nats.go must
+// check (one with dots), which Put leaves to nats.go's Update.
+func TestPutWritesTheKeyFenced(t *testing.T) {
+	ctx := context.Background()
+	_, nc := server(t, nil)
+	kv, err := natssink.EnsureBucket(ctx, nc, natssink.BucketConfig{Name: "FENCED", Storage: "memory", Replicas: 1, Timeout: time.Second}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := js.KeyValue(ctx, "FENCED")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"0d1c7a52-51f2-4b7e-9a4e-2f1c0e6b9d3a", "a.b"} {
+		first, err := kv.Put(ctx, key, []byte("one"), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		second, err := kv.Put(ctx, key, []byte("two"), first)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Put(ctx, key, []byte("stale"), first); !errors.Is(err, sink.ErrConflict) {
+			t.Errorf("%s: a write over revision %d, not the last (%d): %v, want a conflict", key, first, second, err)
+		}
+		got, err := raw.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(got.Value()) != "two" || got.Revision() != second {
+			t.Errorf("%s: the bucket holds %q at revision %d, want %q at %d", key, got.Value(), got.Revision(), "two", second)
+		}
+	}
+	if _, err := kv.Put(ctx, "no key", []byte("x"), 0); err == nil {
+		t.Error("a key no subject can hold was written")
+	}
+}

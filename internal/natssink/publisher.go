@@ -139,17 +139,17 @@ func (p *Publisher) PublishEncoded(ctx context.Context, event cloudevents.Event,
 		return sink.Receipt{Subject: subject}, nil
 	}
 
-	opts := []jetstream.PublishOpt{jetstream.WithMsgID(event.ID())}
+	msg.Header.Set(jetstream.MsgIDHeader, event.ID())
 	if p.cfg.Stream != "" {
-		opts = append(opts, jetstream.WithExpectStream(p.cfg.Stream))
+		msg.Header.Set(jetstream.ExpectedStreamHeader, p.cfg.Stream)
 	}
 	count(requestPublish)
-	ack, err := p.js.PublishMsg(ctx, msg, opts...)
+	ack, err := publishJS(ctx, p.nc, msg, p.cfg.Stream)
 	if err != nil {
 		return sink.Receipt{}, p.cfg.Mover.Observe(p.classify(caller, subject, err))
 	}
 	_ = p.cfg.Mover.Observe(nil)
-	return sink.Receipt{Subject: subject, Stream: ack.Stream, Sequence: ack.Sequence, Duplicate: ack.Duplicate}, nil
+	return sink.Receipt{Subject: subject, Stream: ack.Stream, Sequence: ack.Seq, Duplicate: ack.Duplicate}, nil
 }
 
 // message is event as the NATS message it is published as; encoded, if

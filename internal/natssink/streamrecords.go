@@ -3,7 +3,6 @@ package natssink
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -202,12 +201,13 @@ func (s *StreamRecords) Delete(ctx context.Context, key string, revision uint64)
 func (s *StreamRecords) write(ctx context.Context, op string, m *nats.Msg) (uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	ack, err := s.p.js.PublishMsg(ctx, m, jetstream.WithExpectStream(s.stream))
+	m.Header.Set(jetstream.ExpectedStreamHeader, s.stream)
+	ack, err := publishJS(ctx, s.p.nc, m, s.stream)
 	if err != nil {
 		return 0, s.mover.Observe(s.classify(op, err))
 	}
 	_ = s.mover.Observe(nil)
-	return ack.Sequence, nil
+	return ack.Seq, nil
 }
 
 // Commit implements sink.Committer: the event, then the record, one
@@ -245,13 +245,8 @@ func (s *StreamRecords) Commit(ctx context.Context, event cloudevents.Event, key
 	if err != nil {
 		return sink.Receipt{}, 0, s.mover.Observe(s.p.classify(caller, ev.Subject, err))
 	}
-	var ack struct {
-		Stream string              `json:"stream"`
-		Seq    uint64              `json:"seq"`
-		Count  int                 `json:"count"`
-		Error  *jetstream.APIError `json:"error"`
-	}
-	if err := json.Unmarshal(reply.Data, &ack); err != nil {
+	ack, err := readAck(reply.Data, s.stream)
+	if err != nil {
 		return sink.Receipt{}, 0, fmt.Errorf("commit %s: bad ack %q: %w", event.ID(), reply.Data, err)
 	}
 	if ack.Error != nil {
