@@ -676,7 +676,9 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 	// from it; a later event's looks published to such a replica.
 	reserved := rec
 	reserved.Pending = !known
-	if reserved.Event, err = json.Marshal(ev); err != nil {
+	// The SDK's encoder, not json.Marshal, which would scan its output
+	// once more to compact it: the record and the publish take it as is.
+	if reserved.Event, err = ev.MarshalJSON(); err != nil {
 		return r.failed(key, reconcile.TerminalError(fmt.Errorf("encode %s event %s: %w", typ, ev.ID(), err)))
 	}
 	if err := r.save(ctx, stages.WriteAhead, reserved); err != nil {

@@ -5,7 +5,6 @@ package records
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -421,7 +420,7 @@ func (r *Set) Save(ctx context.Context, rec studentv1.StudentRecord) error {
 // put writes rec, held as e for uid, over the store's revision, and
 // settles the outcome. It takes the lock only around memory.
 func (r *Set) put(ctx context.Context, uid types.UID, e *entry, rec studentv1.StudentRecord, revision uint64) error {
-	value, err := json.Marshal(rec)
+	value, err := encode(rec)
 	if err != nil {
 		return fmt.Errorf("encode record %s: %w", uid, err)
 	}
@@ -440,7 +439,7 @@ func (r *Set) put(ctx context.Context, uid types.UID, e *entry, rec studentv1.St
 // the record's fence refuses a second commit.
 func (r *Set) Commit(ctx context.Context, rec studentv1.StudentRecord, commit func(key string, value []byte, revision uint64) (newRevision, eventSequence uint64, err error)) error {
 	uid := rec.UID
-	value, err := json.Marshal(rec)
+	value, err := encode(rec)
 	if err != nil {
 		return fmt.Errorf("encode record %s: %w", uid, err)
 	}
