@@ -57,7 +57,7 @@ TEST_FLAGS ?= -race -count=1 -timeout 30m
 FUZZ_TIME ?= 5000x
 FUZZ_TARGETS := ./api/v1:FuzzParseReceipt ./api/v1:FuzzParseSnapshotRequest ./api/contract:FuzzParseRecord \
 	./internal/natssink:FuzzEventRoundTrip ./consumer:FuzzDecode ./internal/natssink:FuzzDecodeMsg ./internal/natssink:FuzzScanAck \
-	./internal/config:FuzzLoad
+	./internal/config:FuzzLoad ./internal/watchjson:FuzzFindKind ./internal/watchjson:FuzzDecodeEvent
 
 # Every program this Makefile builds (the generators, `make build`'s
 # bridge, the benchmark, the programs the tests build, see stack.Build, and
