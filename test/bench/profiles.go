@@ -53,7 +53,7 @@ var categories = []struct {
 	{"API server writes: finalizer, status, Events", "the requests the bridge makes of the API server",
 		[]string{"sigs.k8s.io/controller-runtime/pkg/client.", "k8s.io/client-go/rest.(*Request)", "github.com/student-bridge/student-bridge/internal/statusview.", "github.com/student-bridge/student-bridge/internal/kubeevents.", "k8s.io/client-go/tools/record.", "k8s.io/client-go/tools/events."}},
 	{"watch events decoded, cache", "the informer: the watch's stream decoded into Students, the cache and its handlers",
-		[]string{"k8s.io/client-go/tools/cache.", "k8s.io/apimachinery/pkg/watch.", "k8s.io/client-go/rest/watch.", "k8s.io/apimachinery/pkg/runtime/serializer", "sigs.k8s.io/controller-runtime/pkg/cache.", "sigs.k8s.io/controller-runtime/pkg/internal/source."}},
+		[]string{"k8s.io/client-go/tools/cache.", "k8s.io/apimachinery/pkg/watch.", "k8s.io/client-go/rest/watch.", "k8s.io/apimachinery/pkg/runtime/serializer", "github.com/student-bridge/student-bridge/internal/watchjson.", "sigs.k8s.io/controller-runtime/pkg/cache.", "sigs.k8s.io/controller-runtime/pkg/internal/source."}},
 	{"HTTP/2 and TLS", "the API server connection, shared by the watch and the writes",
 		[]string{"golang.org/x/net/http2.", "net/http.", "crypto/"}},
 	{"metrics and traces", "Prometheus collectors and OpenTelemetry spans",
