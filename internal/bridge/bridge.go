@@ -394,8 +394,9 @@ func newManager(cfg *config.Config, restCfg *rest.Config, selector labels.Select
 }
 
 // newCache is the manager's cache: controller-runtime's, whose Students'
-// informer decodes the watch with studentwatch's decoders (about 40 % less
-// CPU per watch event) when it watches one namespace or all. Over several
+// informer decodes the watch with watchjson's decoders (less than half
+// the CPU per watch event, docs/performance.md) when it watches one
+// namespace or all. Over several
 // namespaces controller-runtime makes an informer per namespace without
 // saying which is which, and decodes them itself.
 func newCache(cfg *config.Config, selector labels.Selector) cache.NewCacheFunc {
