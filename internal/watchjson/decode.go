@@ -68,15 +68,11 @@ func findKind(data []byte) (apiVersion, kind string, ok bool) {
 		return "", "", true
 	}
 	for i < len(data) {
-		key, next, plain := plainString(data, i)
-		if !plain {
+		key, value, isMember := member(data, i)
+		if !isMember {
 			return "", "", false
 		}
-		i = skipSpace(data, next)
-		if i >= len(data) || data[i] != ':' {
-			return "", "", false
-		}
-		i = skipSpace(data, i+1)
+		i = value
 		var field *string
 		switch {
 		case bytes.EqualFold(key, []byte("apiVersion")):
@@ -115,22 +111,21 @@ func findKind(data []byte) (apiVersion, kind string, ok bool) {
 
 // eventDecoder decodes a watch stream's frames into metav1.WatchEvent
 // without decoding the event's object: client-go decodes that next, with
-// the embedded decoder. A frame of another shape goes to next, the JSON
-// serializer, as do decodings into anything but a WatchEvent.
+// the embedded decoder. A frame of another shape goes to the JSON
+// serializer it wraps, as do decodings into anything but a WatchEvent.
 type eventDecoder struct {
 	runtime.Serializer
-	next runtime.Serializer
-	gvk  schema.GroupVersionKind // a WatchEvent's, as next reports it
+	gvk schema.GroupVersionKind // a WatchEvent's, as the serializer reports it
 }
 
 func (d eventDecoder) Decode(data []byte, defaults *schema.GroupVersionKind, into runtime.Object) (runtime.Object, *schema.GroupVersionKind, error) {
 	ev, isEvent := into.(*metav1.WatchEvent)
 	if !isEvent || defaults != nil {
-		return d.next.Decode(data, defaults, into)
+		return d.Serializer.Decode(data, defaults, into)
 	}
 	typ, object, ok := splitEvent(data)
 	if !ok {
-		return d.next.Decode(data, defaults, into)
+		return d.Serializer.Decode(data, defaults, into)
 	}
 	ev.Type = typ
 	// The frame's buffer is the stream decoder's, read into again for the
@@ -149,7 +144,7 @@ func splitEvent(data []byte) (typ string, object []byte, ok bool) {
 	if i >= len(data) || data[i] != '{' {
 		return "", nil, false
 	}
-	if i, ok = member(data, i+1, "type"); !ok {
+	if i, ok = named(data, i+1, "type"); !ok {
 		return "", nil, false
 	}
 	t, i, ok := plainString(data, i)
@@ -160,7 +155,7 @@ func splitEvent(data []byte) (typ string, object []byte, ok bool) {
 	if i >= len(data) || data[i] != ',' {
 		return "", nil, false
 	}
-	if i, ok = member(data, i+1, "object"); !ok {
+	if i, ok = named(data, i+1, "object"); !ok {
 		return "", nil, false
 	}
 	end, ok := skipValue(data, i)
@@ -174,19 +169,25 @@ func splitEvent(data []byte) (typ string, object []byte, ok bool) {
 	return string(t), data[i:end], true
 }
 
-// member reads `"<name>":` from data at i (space allowed around each
-// token) and returns the index of the member's value.
-func member(data []byte, i int, name string) (int, bool) {
-	i = skipSpace(data, i)
-	key, i, ok := plainString(data, i)
-	if !ok || string(key) != name {
-		return 0, false
+// member reads a member's `"<key>":` from data at i (space allowed
+// around each token), the key a plainString, and returns the key and the
+// index of the member's value.
+func member(data []byte, i int) (key []byte, value int, ok bool) {
+	key, i, ok = plainString(data, skipSpace(data, i))
+	if !ok {
+		return nil, 0, false
 	}
 	i = skipSpace(data, i)
 	if i >= len(data) || data[i] != ':' {
-		return 0, false
+		return nil, 0, false
 	}
-	return skipSpace(data, i+1), true
+	return key, skipSpace(data, i+1), true
+}
+
+// named is member for a member whose key must be name.
+func named(data []byte, i int, name string) (int, bool) {
+	key, value, ok := member(data, i)
+	return value, ok && string(key) == name
 }
 
 // plainString reads the JSON string at data[i] when it is printable ASCII
@@ -300,7 +301,7 @@ func NewSerializer(s *runtime.Scheme) (runtime.NegotiatedSerializer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("watchjson: the scheme has no watch events: %w", err)
 	}
-	events := eventDecoder{Serializer: js, next: js, gvk: kinds[0]}
+	events := eventDecoder{Serializer: js, gvk: kinds[0]}
 	return serializer{scheme: s, info: runtime.SerializerInfo{
 		MediaType:        runtime.ContentTypeJSON,
 		MediaTypeType:    "application",
