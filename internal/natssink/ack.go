@@ -24,13 +24,15 @@ type ack struct {
 // publishJS publishes m to JetStream and waits for its answer, as
 // nats.go's jetstream PublishMsg does, with the same errors: a "no
 // responders" answer (a stream between leaders) is tried again twice,
-// 250 ms apart; an error answer is a *jetstream.APIError. The answer is
+// 250 ms apart; an error answer is a *jetstream.APIError. The tries
+// together wait at most timeout, and no longer than ctx. The answer is
 // read by readAck, not by reflection: three of them per change, each
 // decoded by encoding/json, were a few per cent of the bridge's CPU.
 // stream is the name of the stream expected to answer (read without a
 // copy when it is that one).
-func publishJS(ctx context.Context, nc *nats.Conn, m *nats.Msg, stream string) (ack, error) {
-	resp, err := nc.RequestMsgWithContext(ctx, m)
+func (rs *requests) publishJS(ctx context.Context, m *nats.Msg, stream string, timeout time.Duration) (ack, error) {
+	deadline := time.Now().Add(timeout)
+	resp, err := rs.do(ctx, m, timeout)
 	for try := 0; errors.Is(err, nats.ErrNoResponders) && try < jetstream.DefaultPubRetryAttempts; try++ {
 		wait := time.NewTimer(jetstream.DefaultPubRetryWait)
 		select {
@@ -38,7 +40,7 @@ func publishJS(ctx context.Context, nc *nats.Conn, m *nats.Msg, stream string) (
 			wait.Stop()
 		case <-wait.C:
 		}
-		resp, err = nc.RequestMsgWithContext(ctx, m)
+		resp, err = rs.do(ctx, m, time.Until(deadline))
 	}
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):

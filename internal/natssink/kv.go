@@ -46,11 +46,12 @@ var ErrBucketShape = errors.New("natssink: bucket cannot hold the records")
 // KV is a sink.Store on a JetStream key-value bucket. Every write is a
 // compare-and-set on the key's revision.
 type KV struct {
-	nc      *nats.Conn
-	kv      jetstream.KeyValue
-	bucket  string
-	timeout time.Duration
-	mover   *Mover
+	nc       *nats.Conn
+	requests *requests
+	kv       jetstream.KeyValue
+	bucket   string
+	timeout  time.Duration
+	mover    *Mover
 	// put is the subject prefix a write of a key goes to ($KV.<bucket>.),
 	// written by publishJS; "" for a bucket in another domain or a
 	// mirror, written by nats.go's Update.
@@ -111,7 +112,7 @@ func EnsureBucket(ctx context.Context, nc *nats.Conn, cfg BucketConfig, create b
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
 	}
-	s := &KV{nc: nc, kv: kv, bucket: cfg.Name, timeout: cfg.Timeout, mover: cfg.Mover}
+	s := &KV{nc: nc, requests: newRequests(nc), kv: kv, bucket: cfg.Name, timeout: cfg.Timeout, mover: cfg.Mover}
 	if st, ok := status.(*jetstream.KeyValueBucketStatus); ok && cfg.Domain == "" && st.StreamInfo().Config.Mirror == nil {
 		s.put, s.stream = "$KV."+cfg.Name+".", "KV_"+cfg.Name
 	}
@@ -308,8 +309,6 @@ func lastMsg(ctx context.Context, nc *nats.Conn, stream, subject string) (uint64
 // Put implements sink.Store: a write if the key is at revision (0: it has
 // no value and no delete marker), else sink.ErrConflict.
 func (s *KV) Put(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
 	count(requestWrite)
 	// Revision 0 means the key has never had a value, or its delete
 	// marker is gone (PurgeDeleteMarkers): kv.Create would also write over
@@ -325,15 +324,17 @@ func (s *KV) Put(ctx context.Context, key string, value []byte, revision uint64)
 
 // update is the bucket's Update, as nats.go writes it (a message on the
 // key's subject, fenced by the subject's last sequence), with the answer
-// read by publishJS.
+// read by publishJS, within the store's timeout.
 func (s *KV) update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
 	if s.put == "" || !plainKey(key) {
+		ctx, cancel := context.WithTimeout(ctx, s.timeout)
+		defer cancel()
 		return s.kv.Update(ctx, key, value, revision) // which refuses a key no subject can hold
 	}
 	m := nats.NewMsg(s.put + key)
 	m.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(revision, 10))
 	m.Data = value
-	a, err := publishJS(ctx, s.nc, m, s.stream)
+	a, err := s.requests.publishJS(ctx, m, s.stream, s.timeout)
 	return a.Seq, err
 }
 

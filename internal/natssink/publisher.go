@@ -53,9 +53,10 @@ type Config struct {
 // Publisher is a sink.Sink on a NATS connection it does not own: closing the
 // connection is the caller's job.
 type Publisher struct {
-	nc  *nats.Conn
-	js  jetstream.JetStream
-	cfg Config
+	nc       *nats.Conn
+	requests *requests
+	js       jetstream.JetStream
+	cfg      Config
 
 	// capture is JetStream's last answer to which stream captures the
 	// publisher's subjects (see capturing).
@@ -86,7 +87,7 @@ func NewPublisher(nc *nats.Conn, cfg Config) (*Publisher, error) {
 	if cfg.AckTimeout <= 0 {
 		cfg.AckTimeout = 5 * time.Second
 	}
-	p := &Publisher{nc: nc, cfg: cfg}
+	p := &Publisher{nc: nc, requests: newRequests(nc), cfg: cfg}
 	switch cfg.Mode {
 	case JetStream:
 		js, err := jetstream.New(nc)
@@ -125,16 +126,14 @@ func (p *Publisher) PublishEncoded(ctx context.Context, event cloudevents.Event,
 	if err := p.connected(); err != nil {
 		return sink.Receipt{}, err
 	}
-	caller := ctx
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.AckTimeout)
-	defer cancel()
-
 	if p.cfg.Mode == Core {
 		if err := p.nc.PublishMsg(msg); err != nil {
-			return sink.Receipt{}, p.classify(caller, subject, err)
+			return sink.Receipt{}, p.classify(ctx, subject, err)
 		}
-		if err := p.nc.FlushWithContext(ctx); err != nil {
-			return sink.Receipt{}, p.classify(caller, subject, err)
+		flushCtx, cancel := context.WithTimeout(ctx, p.cfg.AckTimeout)
+		defer cancel()
+		if err := p.nc.FlushWithContext(flushCtx); err != nil {
+			return sink.Receipt{}, p.classify(ctx, subject, err)
 		}
 		return sink.Receipt{Subject: subject}, nil
 	}
@@ -144,9 +143,9 @@ func (p *Publisher) PublishEncoded(ctx context.Context, event cloudevents.Event,
 		msg.Header.Set(jetstream.ExpectedStreamHeader, p.cfg.Stream)
 	}
 	count(requestPublish)
-	ack, err := publishJS(ctx, p.nc, msg, p.cfg.Stream)
+	ack, err := p.requests.publishJS(ctx, msg, p.cfg.Stream, p.cfg.AckTimeout)
 	if err != nil {
-		return sink.Receipt{}, p.cfg.Mover.Observe(p.classify(caller, subject, err))
+		return sink.Receipt{}, p.cfg.Mover.Observe(p.classify(ctx, subject, err))
 	}
 	_ = p.cfg.Mover.Observe(nil)
 	return sink.Receipt{Subject: subject, Stream: ack.Stream, Sequence: ack.Seq, Duplicate: ack.Duplicate}, nil

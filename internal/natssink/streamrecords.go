@@ -199,10 +199,8 @@ func (s *StreamRecords) Delete(ctx context.Context, key string, revision uint64)
 }
 
 func (s *StreamRecords) write(ctx context.Context, op string, m *nats.Msg) (uint64, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
 	m.Header.Set(jetstream.ExpectedStreamHeader, s.stream)
-	ack, err := publishJS(ctx, s.p.nc, m, s.stream)
+	ack, err := s.p.requests.publishJS(ctx, m, s.stream, s.timeout)
 	if err != nil {
 		return 0, s.mover.Observe(s.classify(op, err))
 	}
@@ -234,16 +232,13 @@ func (s *StreamRecords) Commit(ctx context.Context, event cloudevents.Event, key
 	if err := s.p.connected(); err != nil {
 		return sink.Receipt{}, 0, err
 	}
-	caller := ctx
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
 	if err := s.p.nc.PublishMsg(ev); err != nil {
-		return sink.Receipt{}, 0, s.mover.Observe(s.p.classify(caller, ev.Subject, err))
+		return sink.Receipt{}, 0, s.mover.Observe(s.p.classify(ctx, ev.Subject, err))
 	}
 	count(requestCommit)
-	reply, err := s.p.nc.RequestMsgWithContext(ctx, rec)
+	reply, err := s.p.requests.do(ctx, rec, s.timeout)
 	if err != nil {
-		return sink.Receipt{}, 0, s.mover.Observe(s.p.classify(caller, ev.Subject, err))
+		return sink.Receipt{}, 0, s.mover.Observe(s.p.classify(ctx, ev.Subject, err))
 	}
 	ack, err := readAck(reply.Data, s.stream)
 	if err != nil {
