@@ -52,6 +52,10 @@ import (
 // its leader-election lock.
 const ControllerName = "student-bridge"
 
+// errTerminal is what errors.Is tells a terminal error by: made once, as
+// reconcile.TerminalError(nil) allocates.
+var errTerminal = reconcile.TerminalError(nil)
+
 // Deps are what a StudentReconciler cannot work without.
 type Deps struct {
 	// Client reads Students from the cache and writes finalizers.
@@ -232,7 +236,7 @@ func (r *StudentReconciler) Reconcile(ctx context.Context, req ctrl.Request) (re
 	defer func() {
 		// Done with, for a catch-up: reconciled, or it cannot be until
 		// the Student changes (a terminal error).
-		if (err == nil && result.IsZero()) || errors.Is(err, reconcile.TerminalError(nil)) {
+		if (err == nil && result.IsZero()) || errors.Is(err, errTerminal) {
 			r.catchUps.done(req.NamespacedName)
 		}
 	}()
@@ -336,7 +340,7 @@ func (r *StudentReconciler) reconcileDelete(ctx context.Context, stu *studentv1.
 // (kubernetes/kubernetes#77988), or out of the watched scope (a label or a
 // namespace the bridge no longer watches).
 func (r *StudentReconciler) reconcileGone(ctx context.Context, key types.NamespacedName) (ctrl.Result, error) {
-	recs := r.records.ForName(key)
+	recs := r.records.ForName(key, nil)
 	if len(recs) == 0 {
 		// Its record went with the delete (removeRecord), and its receipts
 		// with it; but a service's receipt of the deleted event can come
@@ -486,10 +490,8 @@ func (r *StudentReconciler) leaveScope(ctx context.Context, live *studentv1.Stud
 // stu's name.
 func (r *StudentReconciler) reconcileReplaced(ctx context.Context, stu *studentv1.Student) error {
 	key := client.ObjectKeyFromObject(stu)
-	for _, rec := range r.records.ForName(key) {
-		if rec.UID == stu.UID {
-			continue
-		}
+	others := func(rec *studentv1.StudentRecord) bool { return rec.UID != stu.UID }
+	for _, rec := range r.records.ForName(key, others) {
 		if rec.Published.Type == studentv1.EventTypeDeleted {
 			if err := r.removeRecord(ctx, rec.UID); err != nil {
 				return err
@@ -563,10 +565,7 @@ func PatchFinalizers(ctx context.Context, c client.Client, reader client.Reader,
 // the same id it is in the stream once (the stream drops a copy within its
 // duplicate window), and no other event takes its number.
 func (r *StudentReconciler) publishReserved(ctx context.Context, key types.NamespacedName) error {
-	for _, rec := range r.records.ForName(key) {
-		if !rec.Reserved() {
-			continue
-		}
+	for _, rec := range r.records.ForName(key, (*studentv1.StudentRecord).Reserved) {
 		// The store must hold the reservation before its event goes out.
 		if err := r.flush(ctx); err != nil {
 			return r.failed(key, err)
@@ -629,7 +628,7 @@ func (r *StudentReconciler) publish(ctx context.Context, stu *studentv1.Student,
 	ctx, span := startPublish(ctx, stu, typ)
 	defer func() {
 		endSpan(span, err)
-		if errors.Is(err, reconcile.TerminalError(nil)) {
+		if errors.Is(err, errTerminal) {
 			r.refused.Store(key, id)
 		}
 	}()

@@ -328,13 +328,17 @@ func (r *Set) InStore(ctx context.Context, uid types.UID) (bool, error) {
 	return err == nil, err
 }
 
-// ForName returns the records of every uid that had name key.
-func (r *Set) ForName(key types.NamespacedName) []studentv1.StudentRecord {
+// ForName returns the records of every uid that had name key, those keep
+// (if not nil) is true for. A reconcile asks twice for those it has work
+// for, of which there are none most of the time: none, no allocation.
+func (r *Set) ForName(key types.NamespacedName, keep func(*studentv1.StudentRecord) bool) []studentv1.StudentRecord {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []studentv1.StudentRecord
 	for _, uid := range r.byName[key] {
-		out = append(out, r.byUID[uid].rec)
+		if rec := &r.byUID[uid].rec; keep == nil || keep(rec) {
+			out = append(out, *rec)
+		}
 	}
 	return out
 }

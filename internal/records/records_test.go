@@ -154,7 +154,7 @@ func TestStalledFlushHoldsUpNoOtherStudent(t *testing.T) {
 			others <- fmt.Errorf("b's record is %+v (held: %v)", got, ok)
 			return
 		}
-		if n := len(recs.ForName(types.NamespacedName{Namespace: "ns", Name: "b"})); n != 1 {
+		if n := len(recs.ForName(types.NamespacedName{Namespace: "ns", Name: "b"}, nil)); n != 1 {
 			others <- fmt.Errorf("%d records named b", n)
 			return
 		}
