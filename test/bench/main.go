@@ -151,6 +151,13 @@ func main() {
 	o.rates = ints(rates)
 	o.students = ints(students)
 	o.counts = ints(countRates)
+	if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
+		// Made here, not found missing once the first cell is measured.
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, "bench: BENCH_PROFILE_DIR:", err)
+			os.Exit(1)
+		}
+	}
 	logTo := io.Discard
 	if f := os.Getenv("BENCH_LOG"); f != "" {
 		if lf, err := os.Create(f); err == nil {
