@@ -129,6 +129,16 @@ func processArgs(b *binaries, e *env, r *run, n int, extra ...string) []string {
 	return append(args, "--leader-elect=false")
 }
 
+// processEnv is the environment of the load phase's processes (the
+// bridge's and the informers'): this one's, with GOMAXPROCS set to
+// BENCH_GOMAXPROCS if that is set.
+func processEnv() []string {
+	if v := os.Getenv("BENCH_GOMAXPROCS"); v != "" {
+		return append(os.Environ(), "GOMAXPROCS="+v)
+	}
+	return nil // this process's
+}
+
 // startProcess starts a bridge process with args and waits until it is
 // ready.
 func startProcess(b *binaries, args []string) (*proc, error) {
@@ -139,6 +149,7 @@ func startProcess(b *binaries, args []string) (*proc, error) {
 		args = append(args, "--pprof-bind-address", pprofAddr)
 	}
 	cmd := exec.Command(b.bridge, args...)
+	cmd.Env = processEnv()
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -178,6 +189,7 @@ func rawInformerProcess(ctx context.Context, e *env, r *run, acked bool, extra .
 	}
 	args := append([]string{"raw-informer", "-kubeconfig", b.config, "-nats", e.url, "-namespace", r.ns, "-prefix", r.prefix, "-acked=" + strconv.FormatBool(acked)}, extra...)
 	cmd := exec.Command(b.bench, args...)
+	cmd.Env = processEnv()
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err

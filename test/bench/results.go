@@ -211,9 +211,12 @@ func (res Results) cells() map[cellKey][]result {
 }
 
 // command is the command that runs the benchmark with args, as a shell
-// takes it.
+// takes it (with BENCH_GOMAXPROCS, which changes what it measures).
 func command(args []string) string {
 	out := []string{"go run ./test/bench"}
+	if v := os.Getenv("BENCH_GOMAXPROCS"); v != "" {
+		out = append([]string{"BENCH_GOMAXPROCS=" + v}, out...)
+	}
 	for _, a := range args {
 		if a == "" || strings.ContainsAny(a, " ()',\"$*") {
 			a = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
