@@ -160,6 +160,14 @@ func main() {
 			os.Exit(1)
 		}
 	}
+	if v := os.Getenv("BENCH_GOMAXPROCS"); v != "" {
+		// The Go runtime ignores a GOMAXPROCS it cannot read, and the
+		// results file's command would claim it.
+		if n, err := strconv.Atoi(v); err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "bench: BENCH_GOMAXPROCS=%q: want a number of at least 1\n", v)
+			os.Exit(1)
+		}
+	}
 	logTo := io.Discard
 	if f := os.Getenv("BENCH_LOG"); f != "" {
 		if lf, err := os.Create(f); err == nil {
