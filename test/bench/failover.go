@@ -3,12 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -45,36 +42,20 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (Fa
 		"--stream-name", stream, "--records-bucket", stream + "_RECORDS", "--receipts-bucket", stream + "_RECEIPTS",
 		"--subject-prefix", prefix, "--snapshot-request-subject", "", "--kubernetes-events=false",
 		"--shards", "16", "--leader-election-id", id, "--leader-election-namespace", ns}
-	type replica struct {
-		cmd     *exec.Cmd
-		metrics string
-	}
-	var replicas []replica
+	var replicas []*proc
 	defer func() {
 		for _, r := range replicas {
-			_ = r.cmd.Process.Kill()
-			_ = r.cmd.Wait()
+			r.kill()
 		}
 	}()
-	start := func() (replica, error) {
-		metricsAddr, healthAddr := freeAddr(), freeAddr()
-		cmd := exec.Command(bins.bridge, append(args, "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr)...)
-		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-		if err := cmd.Start(); err != nil {
-			return replica{}, err
-		}
-		r := replica{cmd: cmd, metrics: "http://" + metricsAddr + "/metrics"}
-		return r, waitHTTP("http://"+healthAddr+"/readyz", 60*time.Second)
-	}
+	start := func() (*proc, error) { return startBridgeProcess(bins.bridge, args, nil) }
 	before := streamMsgs(ctx, e, stream)
 	for range 3 {
 		r, err := start()
-		if r.cmd != nil {
-			replicas = append(replicas, r)
-		}
 		if err != nil {
 			return out, err
 		}
+		replicas = append(replicas, r)
 	}
 	t0 := time.Now()
 	if err := waitStreamMsgs(ctx, e, stream, before+uint64(len(names)), 30*time.Minute); err != nil {
@@ -91,15 +72,13 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (Fa
 	// replica that has run a while holds every record at its revision, and
 	// a shard it gains needs only what the others wrote since.
 	for i := 1; i < len(replicas); i++ {
-		_ = replicas[i].cmd.Process.Signal(syscall.SIGTERM)
-		_ = replicas[i].cmd.Wait()
+		replicas[i].stop()
 		r, err := start()
-		if r.cmd != nil {
-			replicas[i] = r
-		}
 		if err != nil {
+			replicas = slices.Delete(replicas, i, i+1)
 			return out, err
 		}
+		replicas[i] = r
 	}
 	if err := settled(ctx, e, &run{ns: ns}, len(replicas), 16, 3*time.Minute); err != nil {
 		return out, err
@@ -152,8 +131,7 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (Fa
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 
-	_ = replicas[0].cmd.Process.Signal(syscall.SIGKILL)
-	_ = replicas[0].cmd.Wait()
+	replicas[0].kill()
 	replicas = replicas[1:]
 	killed := time.Now()
 	changed := 0

@@ -73,24 +73,28 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 		"--namespaces", ns, "--stream-name", stream, "--records-bucket", stream + "_RECORDS", "--receipts-bucket", stream + "_RECEIPTS",
 		"--subject-prefix", prefix, "--snapshot-request-subject", ""}
 	limited := false // the process runs with the deployments' memoryLimit
-	startProc := func() (*exec.Cmd, time.Time, error) {
+	// The process keeps its ports from one start to the next: the
+	// closures below read its metrics and profiles.
+	startProc := func() (*child, time.Time, error) {
 		cmd := exec.Command(bin, args...)
-		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 		cmd.Env = os.Environ()
 		if limited {
 			cmd.Env = append(cmd.Env, goMemLimit())
 		}
 		t0 := time.Now()
-		if err := cmd.Start(); err != nil {
+		c, err := startChild(cmd)
+		if err != nil {
 			return nil, t0, err
 		}
-		return cmd, t0, waitHTTP("http://"+healthAddr+"/readyz", 60*time.Second)
+		return c, t0, c.waitHTTP("http://"+healthAddr+"/readyz", 60*time.Second)
 	}
 	cmd, _, err := startProc()
+	if cmd != nil {
+		defer func() { cmd.kill() }()
+	}
 	if err != nil {
 		return out, err
 	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	time.Sleep(2 * time.Second)
 
 	metrics := "http://" + metricsAddr + "/metrics"
@@ -100,8 +104,8 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 	// after a restart with every Student published, only what changed
 	// meanwhile should be, so the idle restarts count as republished.
 	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		_ = cmd.Wait()
+		_ = cmd.cmd.Process.Signal(syscall.SIGTERM)
+		<-cmd.exited
 	}
 	// start starts the bridge again: how long until it is ready, and until
 	// its start's catch-up ended (caught up: every Student that needed a
@@ -109,7 +113,12 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 	// that catch-up itself took (student_bridge_catch_up_duration_seconds).
 	start := func() (ready, caughtUp, catchUp time.Duration, err error) {
 		var t0 time.Time
-		if cmd, t0, err = startProc(); err != nil {
+		var c *child
+		c, t0, err = startProc()
+		if c != nil {
+			cmd = c // the deferred kill's
+		}
+		if err != nil {
 			return 0, 0, 0, err
 		}
 		ready = time.Since(t0)
@@ -141,7 +150,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 		return
 	}
 	sample := func() (rssKB int64, heapMB float64) {
-		return procStatus(cmd.Process.Pid, "VmRSS"), metric(metrics, "go_memstats_heap_inuse_bytes") / 1e6
+		return procStatus(cmd.cmd.Process.Pid, "VmRSS"), metric(metrics, "go_memstats_heap_inuse_bytes") / 1e6
 	}
 	// settled samples the process once its memory settled after a start:
 	// a garbage collection since the catch-up ended (the runtime forces
@@ -590,23 +599,6 @@ func freeAddr() string {
 	}
 	defer l.Close()
 	return l.Addr().String()
-}
-
-func waitHTTP(url string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not OK after %s", url, timeout)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // profile saves a heap profile of the bridge process (after a GC) in

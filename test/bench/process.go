@@ -82,7 +82,7 @@ func (b *binaries) cleanup() {
 // proc is one process of a variant; metrics is its /metrics URL (none for
 // the raw informer).
 type proc struct {
-	cmd     *exec.Cmd
+	*child
 	metrics string
 	pprof   string // with BENCH_PROFILE_DIR: its pprof address
 }
@@ -139,25 +139,45 @@ func processEnv() []string {
 	return nil // this process's
 }
 
-// startProcess starts a bridge process with args and waits until it is
-// ready.
+// startProcess starts a bridge process of the load phase with args and
+// waits until it is ready.
 func startProcess(b *binaries, args []string) (*proc, error) {
+	return startBridgeProcess(b.bridge, args, processEnv())
+}
+
+// startBridgeProcess starts the bridge binary bin with args and env (nil: this
+// process's) and waits until it is ready. A start that lost one of its
+// ports to another process before it listened on it is tried again on new
+// ones.
+func startBridgeProcess(bin string, args, env []string) (*proc, error) {
+	for attempt := 1; ; attempt++ {
+		p, err := startBridgeProcessOnce(bin, args, env)
+		switch {
+		case err == nil:
+			return p, nil
+		case attempt == 3 || p == nil || !p.portTaken():
+			return nil, err
+		}
+	}
+}
+
+func startBridgeProcessOnce(bin string, args, env []string) (*proc, error) {
 	metricsAddr, healthAddr, pprofAddr := freeAddr(), freeAddr(), ""
 	args = append(slices.Clone(args), "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr)
 	if os.Getenv("BENCH_PROFILE_DIR") != "" {
 		pprofAddr = freeAddr()
 		args = append(args, "--pprof-bind-address", pprofAddr)
 	}
-	cmd := exec.Command(b.bridge, args...)
-	cmd.Env = processEnv()
-	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-	if err := cmd.Start(); err != nil {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = env
+	c, err := startChild(cmd)
+	if err != nil {
 		return nil, err
 	}
-	p := &proc{cmd: cmd, metrics: "http://" + metricsAddr + "/metrics", pprof: pprofAddr}
-	if err := waitHTTP("http://"+healthAddr+"/readyz", 60*time.Second); err != nil {
+	p := &proc{child: c, metrics: "http://" + metricsAddr + "/metrics", pprof: pprofAddr}
+	if err := c.waitHTTP("http://"+healthAddr+"/readyz", 60*time.Second); err != nil {
 		stopProcs([]*proc{p})
-		return nil, err
+		return p, err
 	}
 	return p, nil
 }
@@ -195,10 +215,11 @@ func rawInformerProcess(ctx context.Context, e *env, r *run, acked bool, extra .
 		return nil, err
 	}
 	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
+	c, err := startChild(cmd)
+	if err != nil {
 		return nil, err
 	}
-	r.procs = []*proc{{cmd: cmd}}
+	r.procs = []*proc{{child: c}}
 	ready := make(chan error, 1)
 	go func() {
 		line, err := bufio.NewReader(out).ReadString('\n')
@@ -353,14 +374,7 @@ func stopProcs(ps []*proc) {
 		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	}
 	for _, p := range ps {
-		done := make(chan struct{})
-		go func() { _ = p.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-done
-		}
+		p.stop()
 	}
 }
 
