@@ -48,7 +48,7 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (Fa
 			r.kill()
 		}
 	}()
-	start := func() (*proc, error) { return startBridgeProcess(bins.bridge, args, nil) }
+	start := func() (*proc, error) { return startProcess(bins, args) }
 	before := streamMsgs(ctx, e, stream)
 	for range 3 {
 		r, err := start()

@@ -11,9 +11,9 @@
 // bridge running as a process, and heap profiles of the bridge process in
 // the memory phase; BENCH_LOG writes the bridge's debug log to a file;
 // BENCH_DEBUG prints every lost final state with its receipts, the object
-// and its events in the stream; BENCH_GOMAXPROCS sets GOMAXPROCS in the
-// load phase's processes (the bridge's and the informers'), and the
-// results file's command says so.
+// and its events in the stream; BENCH_GOMAXPROCS sets GOMAXPROCS in every
+// bridge and informer process it starts (not in its own, nor in the API
+// server's), and the results file's command says so.
 package main
 
 import (

@@ -77,7 +77,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 	// closures below read its metrics and profiles.
 	startProc := func() (*child, time.Time, error) {
 		cmd := exec.Command(bin, args...)
-		cmd.Env = os.Environ()
+		cmd.Env = processEnv()
 		if limited {
 			cmd.Env = append(cmd.Env, goMemLimit())
 		}
@@ -472,7 +472,7 @@ func restartUnderLoad(ctx context.Context, e *env, bins *binaries, ns, prefix, m
 func informerProcessStartUnderLoad(b *binaries, ns string) (time.Duration, []time.Duration, error) {
 	t0 := time.Now()
 	cmd := exec.Command(b.bench, "informer-sync", "-kubeconfig", b.config, "-namespace", ns, "-changes-since", strconv.FormatInt(t0.UnixNano(), 10))
-	cmd.Stderr = os.Stderr
+	cmd.Stderr, cmd.Env = os.Stderr, processEnv()
 	out, err := cmd.Output()
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	var synced int64
@@ -501,7 +501,7 @@ func informerProcessStartUnderLoad(b *binaries, ns string) (time.Duration, []tim
 // Students of ns synced.
 func informerProcessSync(b *binaries, ns string) (time.Duration, error) {
 	cmd := exec.Command(b.bench, "informer-sync", "-kubeconfig", b.config, "-namespace", ns)
-	cmd.Stderr = os.Stderr
+	cmd.Stderr, cmd.Env = os.Stderr, processEnv()
 	t0 := time.Now()
 	out, err := cmd.Output()
 	took := time.Since(t0)

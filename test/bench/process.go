@@ -129,29 +129,23 @@ func processArgs(b *binaries, e *env, r *run, n int, extra ...string) []string {
 	return append(args, "--leader-elect=false")
 }
 
-// processEnv is the environment of the load phase's processes (the
-// bridge's and the informers'): this one's, with GOMAXPROCS set to
+// processEnv is the environment of the bridge and informer processes
+// the benchmark starts: this one's, with GOMAXPROCS set to
 // BENCH_GOMAXPROCS if that is set.
 func processEnv() []string {
+	env := os.Environ()
 	if v := os.Getenv("BENCH_GOMAXPROCS"); v != "" {
-		return append(os.Environ(), "GOMAXPROCS="+v)
+		env = append(env, "GOMAXPROCS="+v)
 	}
-	return nil // this process's
+	return env
 }
 
-// startProcess starts a bridge process of the load phase with args and
-// waits until it is ready.
+// startProcess starts a bridge process with args and waits until it is
+// ready. A start that lost one of its ports to another process before it
+// listened on it is tried again on new ones.
 func startProcess(b *binaries, args []string) (*proc, error) {
-	return startBridgeProcess(b.bridge, args, processEnv())
-}
-
-// startBridgeProcess starts the bridge binary bin with args and env (nil: this
-// process's) and waits until it is ready. A start that lost one of its
-// ports to another process before it listened on it is tried again on new
-// ones.
-func startBridgeProcess(bin string, args, env []string) (*proc, error) {
 	for attempt := 1; ; attempt++ {
-		p, err := startBridgeProcessOnce(bin, args, env)
+		p, err := startProcessOnce(b, args)
 		switch {
 		case err == nil:
 			return p, nil
@@ -161,15 +155,15 @@ func startBridgeProcess(bin string, args, env []string) (*proc, error) {
 	}
 }
 
-func startBridgeProcessOnce(bin string, args, env []string) (*proc, error) {
+func startProcessOnce(b *binaries, args []string) (*proc, error) {
 	metricsAddr, healthAddr, pprofAddr := freeAddr(), freeAddr(), ""
 	args = append(slices.Clone(args), "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr)
 	if os.Getenv("BENCH_PROFILE_DIR") != "" {
 		pprofAddr = freeAddr()
 		args = append(args, "--pprof-bind-address", pprofAddr)
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = env
+	cmd := exec.Command(b.bridge, args...)
+	cmd.Env = processEnv()
 	c, err := startChild(cmd)
 	if err != nil {
 		return nil, err
