@@ -33,7 +33,7 @@ var docBlock = regexp.MustCompile(`(?s)(<!-- bench (\S+) (\S+) -->\n).*?(<!-- en
 // title), the summary of the bridge and the references and the bridge's
 // ratios to them, the counts, the Go benchmark of one change, the CPU and
 // allocation profiles, each variant's highest sustained rate, the memory,
-// restart and failover phases.
+// restart and failover phases, and of those the restart alone.
 var docKinds = map[string]func(Results) (string, error){
 	"run":     func(res Results) (string, error) { return runLine(res), nil },
 	"load":    func(res Results) (string, error) { return strings.TrimPrefix(loadTables(res), loadTitle), nil },
@@ -64,6 +64,12 @@ var docKinds = map[string]func(Results) (string, error){
 			return "", fmt.Errorf("no memory, restart and failover phases in this run")
 		}
 		return scaleTables(*res.Scale), nil
+	},
+	"restart": func(res Results) (string, error) {
+		if res.Scale == nil || len(res.Scale.Counts) == 0 {
+			return "", fmt.Errorf("no restart phase in this run")
+		}
+		return restartTable(*res.Scale), nil
 	},
 }
 

@@ -30,7 +30,8 @@ func TestRenderBlocks(t *testing.T) {
 	if again, err := renderBlocks(root, "", out); err != nil || again != out {
 		t.Errorf("rendering twice changed the text: %v\n%s", err, again)
 	}
-	for _, bad := range []string{"<!-- bench run.json nothing -->\n<!-- end bench -->", "<!-- bench gone.json run -->\n<!-- end bench -->", "<!-- bench run.json counts -->\n<!-- end bench -->"} {
+	for _, bad := range []string{"<!-- bench run.json nothing -->\n<!-- end bench -->", "<!-- bench gone.json run -->\n<!-- end bench -->", "<!-- bench run.json counts -->\n<!-- end bench -->",
+		"<!-- bench run.json restart -->\n<!-- end bench -->"} {
 		if _, err := renderBlocks(root, "", bad); err == nil {
 			t.Errorf("%q rendered without an error", bad)
 		}

@@ -191,6 +191,27 @@ func roundedMS(ms float64) string { return rounded(fromMS(ms)) }
 
 func msOf(x float64) string { return ms(fromMS(x)) }
 
+// restartTable is the scale phases' restart with every Student published,
+// against a raw informer's sync.
+func restartTable(s Scale) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Restart with every Student published: ready (/readyz), caught up (the start's catch-up ended: every Student that needed a reconcile had it; "+
+		"one published as it is needs none), against a raw informer's sync of the same Students (a new cache, list and watch): "+
+		"started as a process of its own, as a controller restarts (the reference), and in the benchmark's running process. "+
+		"Restarts and the informer's process alternate, %d of each: median (min-max); ready is of the first.\n\n"+
+		"| Students | ready | caught up | of it, the catch-up | raw informer process: synced after | caught up / informer process | raw informer in this process: synced after | caught up / it |\n"+
+		"| --- | --- | --- | --- | --- | --- | --- | --- |\n", s.RestartReps)
+	for _, c := range s.Counts {
+		r := c.Restart
+		caughtUp, informers := msList(r.CaughtUpMs), msList(r.InformerProcessMs)
+		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %.2fx | %s | %.2fx |\n", r.Students, roundedMS(r.ReadyMs), spreadAs(caughtUp, rounded),
+			spreadAs(msList(r.CatchUpMs), rounded), spreadAs(informers, rounded), median(caughtUp).Seconds()/median(informers).Seconds(),
+			roundedMS(r.InformerMs), median(caughtUp).Seconds()/fromMS(r.InformerMs).Seconds())
+	}
+
+	return b.String()
+}
+
 // scaleTables are the tables of the memory, restart and failover phases.
 func scaleTables(s Scale) string {
 	var b strings.Builder
@@ -220,20 +241,7 @@ func scaleTables(s Scale) string {
 			hi.Students, (hi.Steady.RSSMB-s.Rest.RSSMB)*1024/float64(hi.Students), (hi.SteadyLimited.RSSMB-s.Rest.RSSMB)*1024/float64(hi.Students))
 	}
 
-	fmt.Fprintf(&b, "\nRestart with every Student published: ready (/readyz), caught up (the start's catch-up ended: every Student that needed a reconcile had it; "+
-		"one published as it is needs none), against a raw informer's sync of the same Students (a new cache, list and watch): "+
-		"started as a process of its own, as a controller restarts (the reference), and in the benchmark's running process. "+
-		"Restarts and the informer's process alternate, %d of each: median (min-max); ready is of the first.\n\n"+
-		"| Students | ready | caught up | of it, the catch-up | raw informer process: synced after | caught up / informer process | raw informer in this process: synced after | caught up / it |\n"+
-		"| --- | --- | --- | --- | --- | --- | --- | --- |\n", s.RestartReps)
-	for _, c := range s.Counts {
-		r := c.Restart
-		caughtUp, informers := msList(r.CaughtUpMs), msList(r.InformerProcessMs)
-		fmt.Fprintf(&b, "| %d | %s | %s | %s | %s | %.2fx | %s | %.2fx |\n", r.Students, roundedMS(r.ReadyMs), spreadAs(caughtUp, rounded),
-			spreadAs(msList(r.CatchUpMs), rounded), spreadAs(informers, rounded), median(caughtUp).Seconds()/median(informers).Seconds(),
-			roundedMS(r.InformerMs), median(caughtUp).Seconds()/fromMS(r.InformerMs).Seconds())
-	}
-
+	b.WriteString("\n" + restartTable(s))
 	fmt.Fprintf(&b, "\nRestart under load: a generator changes Students at %d/s; the bridge is stopped, %d Students are deleted (per count, at most a tenth), "+
 		"and it starts again while the changes go on. The idle catch-up is the median of the restarts above. Steady is the live changes' latency (change to its event on NATS) in the %s before the stop; "+
 		"during the catch-up, of the changes made from the start until the catch-up ended, and of those made after the bridge could publish "+
