@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -19,6 +20,9 @@ type child struct {
 	log    *logTail      // the end of its stderr and stdout, if kept
 	exited chan struct{} // closed once it exited
 	err    error         // how it exited, once exited is closed
+
+	terminated atomic.Bool  // SIGTERM sent
+	sigterms   atomic.Int32 // SIGTERMs sent, for the tests
 }
 
 // startChild starts cmd, keeping the end of its output unless cmd already
@@ -87,10 +91,25 @@ func (c *child) portTaken() bool {
 	}
 }
 
-// stop asks the process to end (SIGTERM) and waits for it, killing it
-// after 30 seconds.
+// terminate asks the process to end: SIGTERM, once. A second one would
+// make the bridge exit at once (controller-runtime's signal handler),
+// skipping the graceful shutdown (its Leases released) that a handover's
+// figures include.
+func (c *child) terminate() {
+	if c.terminated.CompareAndSwap(false, true) {
+		c.sigterms.Add(1)
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	}
+}
+
+// stop terminates the process and waits for it.
 func (c *child) stop() {
-	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	c.terminate()
+	c.wait()
+}
+
+// wait waits for the process to exit, and kills it after 30 seconds.
+func (c *child) wait() {
 	select {
 	case <-c.exited:
 	case <-time.After(30 * time.Second):

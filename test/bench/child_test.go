@@ -45,3 +45,18 @@ func TestChildStops(t *testing.T) {
 		t.Error("still running after stop")
 	}
 }
+
+// Stopping signals a process once, however often it is stopped: a second
+// SIGTERM makes the bridge exit at once, skipping the graceful shutdown
+// (its Leases released) that a handover's figures include.
+func TestStopSignalsOnce(t *testing.T) {
+	c, err := startChild(exec.Command("sleep", "600"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopProcs([]*proc{{child: c}})
+	c.stop()
+	if n := c.sigterms.Load(); n != 1 {
+		t.Errorf("%d SIGTERMs sent, want 1", n)
+	}
+}

@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -104,7 +103,7 @@ func memoryAndRestart(ctx context.Context, e *env, counts []int, settleBound tim
 	// after a restart with every Student published, only what changed
 	// meanwhile should be, so the idle restarts count as republished.
 	stop := func() {
-		_ = cmd.cmd.Process.Signal(syscall.SIGTERM)
+		cmd.terminate()
 		<-cmd.exited
 	}
 	// start starts the bridge again: how long until it is ready, and until

@@ -365,7 +365,7 @@ func (c *changesSeen) all() map[int64]int64 {
 
 func stopProcs(ps []*proc) {
 	for _, p := range ps {
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		p.terminate()
 	}
 	for _, p := range ps {
 		p.stop()
