@@ -8,7 +8,7 @@
 // BENCH_WORKERS overrides the bridge's workers; BENCH_PROFILE_DIR writes a
 // goroutine profile of this process halfway through each run (to see where
 // the bridge waits), a CPU profile of the middle half of the run of each
-// bridge running as a process, and heap profiles of the bridge process in
+// bridge and informer running as a process, and heap profiles of the bridge process in
 // the memory phase; BENCH_LOG writes the bridge's debug log to a file;
 // BENCH_DEBUG prints every lost final state with its receipts, the object
 // and its events in the stream; BENCH_GOMAXPROCS sets GOMAXPROCS in every
@@ -555,12 +555,12 @@ func runOne(ctx context.Context, e *env, v variant, rate int, id string) (result
 	if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
 		// Mid-run profiles of this process (generator, NATS and, for the
 		// bridge variants, the bridge itself): where the bridge waits.
-		// The bridge's CPU and allocations over the middle half, which
-		// the results summarise (Profile).
+		// The CPU and allocations of the bridge or informer processes
+		// over the middle half, which the results summarise (Profile).
 		seconds := max(1, int(benchDuration/2/time.Second))
 		for i, p := range r.procs {
 			if p.pprof != "" {
-				cpu, allocs := fmt.Sprintf("%s-bridge%d-cpu.pb.gz", id, i), fmt.Sprintf("%s-bridge%d-allocs.pb.gz", id, i)
+				cpu, allocs := fmt.Sprintf("%s-process%d-cpu.pb.gz", id, i), fmt.Sprintf("%s-process%d-allocs.pb.gz", id, i)
 				profiled.Add(2)
 				go func() {
 					defer profiled.Done()

@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
+	"net/http"
+	httppprof "net/http/pprof"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -202,6 +205,11 @@ func rawInformerProcess(ctx context.Context, e *env, r *run, acked bool, extra .
 		return nil, err
 	}
 	args := append([]string{"raw-informer", "-kubeconfig", b.config, "-nats", e.url, "-namespace", r.ns, "-prefix", r.prefix, "-acked=" + strconv.FormatBool(acked)}, extra...)
+	pprofAddr := "" // with BENCH_PROFILE_DIR, profiled as the bridge is
+	if os.Getenv("BENCH_PROFILE_DIR") != "" {
+		pprofAddr = freeAddr()
+		args = append(args, "-pprof", pprofAddr)
+	}
 	cmd := exec.Command(b.bench, args...)
 	cmd.Env = processEnv()
 	out, err := cmd.StdoutPipe()
@@ -213,7 +221,7 @@ func rawInformerProcess(ctx context.Context, e *env, r *run, acked bool, extra .
 	if err != nil {
 		return nil, err
 	}
-	r.procs = []*proc{{child: c}}
+	r.procs = []*proc{{child: c, pprof: pprofAddr}}
 	ready := make(chan error, 1)
 	go func() {
 		line, err := bufio.NewReader(out).ReadString('\n')
@@ -245,6 +253,7 @@ func rawInformerMain(args []string) int {
 	prefix := fs.String("prefix", "", "subject prefix")
 	acked := fs.Bool("acked", false, "wait for each event's ack before the next")
 	compression := fs.Bool("compression", true, "ask for gzip-compressed responses (client-go's default)")
+	pprofAddr := fs.String("pprof", "", "if set, serve /debug/pprof/ on this address (as the bridge's pprofAddr)")
 	_ = fs.Parse(args)
 	restCfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err != nil {
@@ -252,6 +261,17 @@ func rawInformerMain(args []string) int {
 		return 1
 	}
 	restCfg.DisableCompression = !*compression
+	if *pprofAddr != "" {
+		l, err := net.Listen("tcp", *pprofAddr)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "raw-informer:", err)
+			return 1
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc("/debug/pprof/", httppprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", httppprof.Profile)
+		go func() { _ = http.Serve(l, mux) }() //nolint:gosec // a benchmark's loopback endpoint
+	}
 	nc, err := nats.Connect(*url)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "raw-informer:", err)

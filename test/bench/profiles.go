@@ -15,8 +15,8 @@ import (
 // profile's and the allocation profile's samples, each counted for one
 // category (categories), per change the process published.
 type Profile struct {
-	// Process is the bridge process's index in the variant; Seconds how
-	// long both profiles ran.
+	// Process is the process's index in the variant (a bridge or an
+	// informer); Seconds how long both profiles ran.
 	Process int     `json:"process"`
 	Seconds float64 `json:"seconds"`
 	// CPUSeconds and Allocs are the profiles' totals: CPU time sampled,
@@ -151,7 +151,7 @@ func eachSample(file, typ string, do func(frames []string, v int64)) error {
 }
 
 // profileTable shows, for each cell of a variant with profiles, where its
-// bridge's CPU and allocations went: each category's share, and per
+// processes' CPU and allocations went: each category's share, and per
 // change (the repetitions' profiles added up, over the changes made while
 // they ran: the repetition's, in proportion to the time profiled).
 func profileTable(res Results) (string, error) {
