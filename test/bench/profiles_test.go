@@ -21,6 +21,16 @@ func TestCategoryIsTheWorkNotThePath(t *testing.T) {
 		{[]string{"runtime.gcDrain", "runtime.gcAssistAlloc", "runtime.mallocgc", "github.com/nats-io/nats%2ego.NewMsg"}, "garbage collection"},
 		{[]string{"runtime.futex", "runtime.findRunnable", "runtime.schedule"}, "scheduler, wake-ups and syscalls"},
 		{[]string{"k8s.io/apimachinery/pkg/util/json.Unmarshal", "k8s.io/apimachinery/pkg/watch.(*StreamWatcher).receive"}, "watch events decoded, cache"},
+		// controller-runtime's client: a Get reads the cache, a Patch or a
+		// status update is a write.
+		{[]string{"runtime.mapaccess2", "sigs.k8s.io/controller-runtime/pkg/cache.(*multiNamespaceCache).Get", "sigs.k8s.io/controller-runtime/pkg/client.(*client).Get",
+			"github.com/student-bridge/student-bridge/reconciler.(*StudentReconciler).Reconcile"}, "watch events decoded, cache"},
+		{[]string{"fmt.Sprintf", "k8s.io/apimachinery/pkg/api/errors.NewNotFound", "sigs.k8s.io/controller-runtime/pkg/client.(*client).Get",
+			"github.com/student-bridge/student-bridge/reconciler.(*StudentReconciler).Reconcile"}, "watch events decoded, cache"},
+		{[]string{"encoding/json.Marshal", "sigs.k8s.io/controller-runtime/pkg/client.createMergePatch", "sigs.k8s.io/controller-runtime/pkg/client.(*client).Patch"},
+			"API server writes: finalizer, status, Events"},
+		{[]string{"encoding/json.Marshal", "sigs.k8s.io/controller-runtime/pkg/client.(*typedClient).UpdateSubResource",
+			"sigs.k8s.io/controller-runtime/pkg/client.(*subResourceClient).Update"}, "API server writes: finalizer, status, Events"},
 		{[]string{"main.main"}, otherCategory},
 	} {
 		if got := category(c.frames); got != c.want {
