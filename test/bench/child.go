@@ -21,8 +21,7 @@ type child struct {
 	exited chan struct{} // closed once it exited
 	err    error         // how it exited, once exited is closed
 
-	terminated atomic.Bool  // SIGTERM sent
-	sigterms   atomic.Int32 // SIGTERMs sent, for the tests
+	sigterms atomic.Int32 // SIGTERMs sent: 0 or 1
 }
 
 // startChild starts cmd, keeping the end of its output unless cmd already
@@ -96,8 +95,7 @@ func (c *child) portTaken() bool {
 // skipping the graceful shutdown (its Leases released) that a handover's
 // figures include.
 func (c *child) terminate() {
-	if c.terminated.CompareAndSwap(false, true) {
-		c.sigterms.Add(1)
+	if c.sigterms.CompareAndSwap(0, 1) {
 		_ = c.cmd.Process.Signal(syscall.SIGTERM)
 	}
 }

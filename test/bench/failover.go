@@ -75,8 +75,7 @@ func failoverAtScale(ctx context.Context, e *env, ns string, names []string) (Fa
 		replicas[i].stop()
 		r, err := start()
 		if err != nil {
-			replicas = slices.Delete(replicas, i, i+1)
-			return out, err
+			return out, err // the deferred kill finds the stopped one exited
 		}
 		replicas[i] = r
 	}

@@ -208,7 +208,6 @@ func restartTable(s Scale) string {
 			spreadAs(msList(r.CatchUpMs), rounded), spreadAs(informers, rounded), median(caughtUp).Seconds()/median(informers).Seconds(),
 			roundedMS(r.InformerMs), median(caughtUp).Seconds()/fromMS(r.InformerMs).Seconds())
 	}
-
 	return b.String()
 }
 
