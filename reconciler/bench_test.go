@@ -3,9 +3,7 @@ package reconciler_test
 import (
 	"context"
 	"fmt"
-	"runtime/metrics"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +17,7 @@ import (
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
 	"github.com/student-bridge/student-bridge/internal/natssink"
 	"github.com/student-bridge/student-bridge/internal/records"
+	"github.com/student-bridge/student-bridge/internal/runstat"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 	"github.com/student-bridge/student-bridge/internal/stages"
 	"github.com/student-bridge/student-bridge/internal/tracing"
@@ -110,17 +109,15 @@ func BenchmarkOneChange(b *testing.B) {
 
 	steps := []string{stages.WriteAhead, stages.Publish, stages.Record}
 	stagesBefore := stageSums(b, steps)
-	goroutines, switches, cpu := goroutinesCreated(), contextSwitches(), cpuTime()
+	spent := runstat.Take()
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		change(i + 1)
 	}
 	b.StopTimer()
+	runstat.Report(b, spent)
 	n := float64(b.N)
-	b.ReportMetric(float64(goroutinesCreated()-goroutines)/n, "goroutines/op")
-	b.ReportMetric(float64(contextSwitches()-switches)/n, "ctxsw/op")
-	b.ReportMetric(float64(cpuTime()-cpu)/n, "cpu-ns/op")
 	after := stageSums(b, steps)
 	for _, s := range steps {
 		b.ReportMetric((after[s]-stagesBefore[s])*1e9/n, s+"-ns/op")
@@ -166,32 +163,4 @@ func stageSums(b *testing.B, names []string) map[string]float64 {
 		out[s] = v
 	}
 	return out
-}
-
-// goroutinesCreated counts the goroutines the process started.
-func goroutinesCreated() uint64 {
-	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
-	metrics.Read(s)
-	return s[0].Value.Uint64()
-}
-
-// cpuTime is the CPU time the process spent, user and system, in ns: with
-// the NATS server in a process of its own, the bridge's, less what the
-// stack's clients and the runtime do meanwhile.
-func cpuTime() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
-}
-
-// contextSwitches counts the process's voluntary and involuntary context
-// switches (its threads', the kernel's count).
-func contextSwitches() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Nvcsw + ru.Nivcsw
 }
