@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/student-bridge/student-bridge/api/contract"
 	studentv1 "github.com/student-bridge/student-bridge/api/v1"
+	"github.com/student-bridge/student-bridge/internal/stack"
 	"github.com/student-bridge/student-bridge/internal/stacktest"
 )
 
@@ -591,13 +591,15 @@ func waitStreamMsgs(ctx context.Context, e *env, stream string, n uint64, timeou
 	return nil
 }
 
+// freeAddr is an address nothing listens on, for a process to listen on
+// soon: below the kernel's ephemeral ports, so no connection made
+// meanwhile takes it as its own (stack.FreePorts).
 func freeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := stack.FreePorts(1)
 	if err != nil {
 		panic(err)
 	}
-	defer l.Close()
-	return l.Addr().String()
+	return fmt.Sprintf("127.0.0.1:%d", port)
 }
 
 // profile saves a heap profile of the bridge process (after a GC) in
