@@ -158,11 +158,19 @@ func startProcess(b *binaries, args []string) (*proc, error) {
 	}
 }
 
+// profiledAddr is, with BENCH_PROFILE_DIR, a free address for a
+// process's pprof endpoint, and empty without: then nothing is profiled.
+func profiledAddr() string {
+	if os.Getenv("BENCH_PROFILE_DIR") == "" {
+		return ""
+	}
+	return freeAddr()
+}
+
 func startProcessOnce(b *binaries, args []string) (*proc, error) {
-	metricsAddr, healthAddr, pprofAddr := freeAddr(), freeAddr(), ""
+	metricsAddr, healthAddr, pprofAddr := freeAddr(), freeAddr(), profiledAddr()
 	args = append(slices.Clone(args), "--metrics-bind-address", metricsAddr, "--health-probe-bind-address", healthAddr)
-	if os.Getenv("BENCH_PROFILE_DIR") != "" {
-		pprofAddr = freeAddr()
+	if pprofAddr != "" {
 		args = append(args, "--pprof-bind-address", pprofAddr)
 	}
 	cmd := exec.Command(b.bridge, args...)
@@ -205,9 +213,8 @@ func rawInformerProcess(ctx context.Context, e *env, r *run, acked bool, extra .
 		return nil, err
 	}
 	args := append([]string{"raw-informer", "-kubeconfig", b.config, "-nats", e.url, "-namespace", r.ns, "-prefix", r.prefix, "-acked=" + strconv.FormatBool(acked)}, extra...)
-	pprofAddr := "" // with BENCH_PROFILE_DIR, profiled as the bridge is
-	if os.Getenv("BENCH_PROFILE_DIR") != "" {
-		pprofAddr = freeAddr()
+	pprofAddr := profiledAddr() // profiled as the bridge is
+	if pprofAddr != "" {
 		args = append(args, "-pprof", pprofAddr)
 	}
 	cmd := exec.Command(b.bench, args...)
