@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -32,11 +31,16 @@ func BenchmarkHandOff(b *testing.B) {
 		name string
 		new  func(b *testing.B) workqueue.TypedRateLimitingInterface[reconcile.Request]
 	}{
+		// Each shut down when the benchmark ends, and its workers with it.
 		{"aging", func(b *testing.B) workqueue.TypedRateLimitingInterface[reconcile.Request] {
-			return NewAging(LowPriorityWait, logr.Discard(), func() func() { return func() {} })(b.Name(), rateLimiter())
+			q, _ := newTestQueue(b, LowPriorityWait)
+			return q
 		}},
 		{"workqueue", func(b *testing.B) workqueue.TypedRateLimitingInterface[reconcile.Request] {
-			return workqueue.NewTypedRateLimitingQueueWithConfig(rateLimiter(), workqueue.TypedRateLimitingQueueConfig[reconcile.Request]{Name: b.Name()})
+			q := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[reconcile.Request](),
+				workqueue.TypedRateLimitingQueueConfig[reconcile.Request]{Name: b.Name()})
+			b.Cleanup(q.ShutDown)
+			return q
 		}},
 	}
 	for _, qc := range queues {
@@ -57,7 +61,6 @@ func BenchmarkHandOff(b *testing.B) {
 						}
 					}()
 				}
-				defer q.ShutDown()
 				items := make([]reconcile.Request, 1000)
 				for i := range items {
 					items[i] = req(fmt.Sprint("student-", i))
@@ -77,8 +80,4 @@ func BenchmarkHandOff(b *testing.B) {
 			})
 		}
 	}
-}
-
-func rateLimiter() workqueue.TypedRateLimiter[reconcile.Request] {
-	return workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](time.Second, time.Minute)
 }

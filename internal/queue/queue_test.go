@@ -21,7 +21,7 @@ import (
 // raised, in the order it was queued, behind what is queued then; a retry
 // is never low; the start is told once, when a worker first asks.
 
-func newTestQueue(t *testing.T, maxWait time.Duration) (*agingQueue, *int) {
+func newTestQueue(t testing.TB, maxWait time.Duration) (*agingQueue, *int) {
 	t.Helper()
 	started := new(int)
 	q := NewAging(maxWait, logr.Discard(), func() func() {
