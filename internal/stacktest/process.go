@@ -48,6 +48,15 @@ func RunTests(m interface{ Run() int }, opts stack.Options, use func(*stack.Stac
 	return code
 }
 
+// RunWithoutStack is a TestMain body for tests that start no Stack but
+// may start a NATS server in a process of its own (NATSProcess).
+func RunWithoutStack(m interface{ Run() int }) int {
+	if os.Getenv(natsChildEnv) != "" {
+		return serveNATS()
+	}
+	return m.Run()
+}
+
 // KillAPIServer kills kube-apiserver (SIGKILL: a crash, and no waiting for
 // it to drain watches) and starts it again on the same address with the same
 // certificates and etcd. Clients see their watches break and their requests
@@ -109,13 +118,13 @@ func Children() []Child {
 	return kids
 }
 
-// natsChildEnv, set in a test binary's environment, makes RunTests serve
-// NATS instead of running tests: the child NATSProcess starts.
+// natsChildEnv, set in a test binary's environment, makes RunTests (and
+// RunWithoutStack) serve NATS instead of running tests: the child NATSProcess starts.
 const natsChildEnv = "STUDENT_BRIDGE_TEST_NATS_CHILD"
 
 // NATSProcess starts a NATS server with JetStream in a process of its own
-// (this test binary again, whose TestMain calls RunTests) and returns its
-// URL; the server stops with tb. A benchmark of a client uses it, so that
+// (this test binary again, whose TestMain calls RunTests or
+// RunWithoutStack) and returns its URL; the server stops with tb. A benchmark of a client uses it, so that
 // the allocations and context switches it counts are the client's alone.
 func NATSProcess(tb testing.TB) string {
 	tb.Helper()
