@@ -250,16 +250,15 @@ type connectionWatch struct {
 func (w connectionWatch) NeedLeaderElection() bool { return false }
 
 func (w connectionWatch) Start(ctx context.Context) error {
-	tick := time.NewTicker(500 * time.Millisecond)
-	defer tick.Stop()
-	for {
+	// Told, not polled: nothing wakes the bridge for this until it closes.
+	closed := w.nc.StatusChanged(nats.CLOSED)
+	defer w.nc.RemoveStatusListener(closed)
+	if !w.nc.IsClosed() { // or it closed before the listener was there
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-tick.C:
-			if w.nc.IsClosed() {
-				return fmt.Errorf("the NATS connection gave up after %d reconnection attempts (config key nats.maxReconnects)", w.maxReconnects)
-			}
+		case <-closed:
 		}
 	}
+	return fmt.Errorf("the NATS connection gave up after %d reconnection attempts (config key nats.maxReconnects)", w.maxReconnects)
 }
