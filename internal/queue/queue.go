@@ -49,8 +49,12 @@ type agingQueue struct {
 	// progress is when a worker last took an item of low, or when low
 	// was last empty.
 	progress time.Time
-	stop     chan struct{}
-	once     sync.Once
+	// lowQueued tells raise that low is no longer empty: it checks on low
+	// only while it holds items, and nothing wakes the process for it
+	// otherwise.
+	lowQueued chan struct{}
+	stop      chan struct{}
+	once      sync.Once
 
 	// working is called when a worker first asks for an item: the
 	// controller starts its workers once its watch delivered the initial
@@ -72,9 +76,10 @@ func NewAging(maxWait time.Duration, log logr.Logger, starting func() (release f
 				o.RateLimiter = rl
 				o.Log = log
 			}),
-			maxWait: maxWait,
-			low:     map[reconcile.Request]uint64{},
-			stop:    make(chan struct{}),
+			maxWait:   maxWait,
+			low:       map[reconcile.Request]uint64{},
+			lowQueued: make(chan struct{}, 1),
+			stop:      make(chan struct{}),
 		}
 		go q.raise()
 		return q
@@ -90,6 +95,10 @@ func (q *agingQueue) AddWithOpts(o priorityqueue.AddOpts, items ...reconcile.Req
 	q.mu.Lock()
 	if low && len(q.low) == 0 {
 		q.progress = now
+		select {
+		case q.lowQueued <- struct{}{}:
+		default: // raise is told already
+		}
 	}
 	for _, it := range items {
 		switch _, queued := q.low[it]; {
@@ -152,20 +161,29 @@ func (q *agingQueue) ShutDownWithDrain() {
 	q.PriorityQueue.ShutDownWithDrain()
 }
 
-// raise raises, checking every quarter of maxWait, the items below the
-// default priority once none of them was taken for maxWait. One taken by
-// a worker in between is queued once more: a second reconcile, which
-// publishes nothing new.
+// raise raises, checking every quarter of maxWait while there are any,
+// the items below the default priority once none of them was taken for
+// maxWait. One taken by a worker in between is queued once more: a second
+// reconcile, which publishes nothing new.
 func (q *agingQueue) raise() {
-	tick := time.NewTicker(max(q.maxWait/4, 10*time.Millisecond))
+	every := max(q.maxWait/4, 10*time.Millisecond)
+	tick := time.NewTicker(every)
+	tick.Stop() // until an item is queued below the default priority
 	defer tick.Stop()
 	for {
 		select {
 		case <-q.stop:
 			return
+		case <-q.lowQueued:
+			tick.Reset(every)
 		case now := <-tick.C:
 			q.mu.Lock()
-			if len(q.low) == 0 || now.Sub(q.progress) < q.maxWait {
+			if len(q.low) == 0 {
+				tick.Stop() // until lowQueued
+				q.mu.Unlock()
+				continue
+			}
+			if now.Sub(q.progress) < q.maxWait {
 				q.mu.Unlock()
 				continue
 			}
@@ -176,6 +194,7 @@ func (q *agingQueue) raise() {
 			// In the order they were queued.
 			slices.SortFunc(due, func(a, b reconcile.Request) int { return cmp.Compare(q.low[a], q.low[b]) })
 			q.low = map[reconcile.Request]uint64{}
+			tick.Stop()
 			q.mu.Unlock()
 			q.PriorityQueue.AddWithOpts(priorityqueue.AddOpts{Priority: ptr.To(0)}, due...)
 		}

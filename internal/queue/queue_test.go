@@ -94,35 +94,58 @@ func TestAgingQueueRaisesAStarvedCatchUp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const maxWait = 50 * time.Millisecond
 		q, _ := newTestQueue(t, maxWait)
-		catchUp := []string{"c1", "c2", "c3", "c4", "c5"}
-		addLow(q, catchUp...)
-		settle(t, q, len(catchUp))
-		var got []string
-		var priorities []int
-		for i := 0; len(got) < len(catchUp); i++ {
-			if i > 2000 {
-				t.Fatalf("after %d live changes the catch-up is still waiting (taken %v)", i, got)
-			}
-			q.Add(req(fmt.Sprint("live-", i)))
-			q.Len()                      // flushes the add
-			time.Sleep(time.Millisecond) // fake time: live changes a millisecond apart
-			name, priority := take(q)
-			if name[0] == 'c' {
-				got = append(got, name)
-				priorities = append(priorities, priority)
-			} else if len(got) > 0 {
-				t.Fatalf("live change %s went between the raised catch-up's Students (%v)", name, got)
-			}
-		}
-		if fmt.Sprint(got) != fmt.Sprint(catchUp) {
-			t.Errorf("the catch-up came out as %v, want the order it was queued in: %v", got, catchUp)
-		}
-		for i, p := range priorities {
-			if p != 0 {
-				t.Errorf("%s came out at priority %d, want raised to 0", got[i], p)
-			}
-		}
+		starveCatchUp(t, q, "c1", "c2", "c3", "c4", "c5")
 	})
+}
+
+// TestAgingQueueRaisesEveryStarvedCatchUp: the queue checks on a catch-up
+// only while one waits; a second one, queued after the first was raised
+// and the queue was idle, is raised too.
+func TestAgingQueueRaisesEveryStarvedCatchUp(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const maxWait = 50 * time.Millisecond
+		q, _ := newTestQueue(t, maxWait)
+		starveCatchUp(t, q, "c1", "c2", "c3")
+		for q.Len() > 0 {
+			take(q)
+		}
+		time.Sleep(time.Hour) // fake time: idle
+		starveCatchUp(t, q, "c4", "c5")
+	})
+}
+
+// starveCatchUp queues catchUp low, then keeps the workers busy with live
+// changes a millisecond apart until every Student of it came out: raised
+// to the default priority, together and in the order it was queued.
+func starveCatchUp(t *testing.T, q *agingQueue, catchUp ...string) {
+	t.Helper()
+	addLow(q, catchUp...)
+	settle(t, q, len(catchUp))
+	var got []string
+	var priorities []int
+	for i := 0; len(got) < len(catchUp); i++ {
+		if i > 2000 {
+			t.Fatalf("after %d live changes the catch-up is still waiting (taken %v)", i, got)
+		}
+		q.Add(req(fmt.Sprint("live-", i)))
+		q.Len()                      // flushes the add
+		time.Sleep(time.Millisecond) // fake time: live changes a millisecond apart
+		name, priority := take(q)
+		if name[0] == 'c' {
+			got = append(got, name)
+			priorities = append(priorities, priority)
+		} else if len(got) > 0 {
+			t.Fatalf("live change %s went between the raised catch-up's Students (%v)", name, got)
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(catchUp) {
+		t.Errorf("the catch-up came out as %v, want the order it was queued in: %v", got, catchUp)
+	}
+	for i, p := range priorities {
+		if p != 0 {
+			t.Errorf("%s came out at priority %d, want raised to 0", got[i], p)
+		}
+	}
 }
 
 // TestAgingQueueLeavesAProgressingCatchUpLow: while workers take the
