@@ -88,9 +88,20 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s: capacity %+v, want at least 20/s or none", c.Variant, c)
 		}
 	}
-	// The bridge as deployed goes through every stage, each measured.
+	// The bridge as deployed goes through every stage, each measured. But
+	// the finalizer is patched only when a Student is deleted (the policy
+	// adds it at creation), and a repetition this short may delete none:
+	// the generator creates instead while the Students it picks are busy,
+	// as they are when the API server is slow. That stage is looked for
+	// in every variant of the bridge that holds with a finalizer.
 	for _, s := range stages.All {
-		if h := cells["student-bridge"].Reps[0].Stages[s]; h.Count == 0 {
+		observed := cells["student-bridge"].Reps[0].Stages[s].Count > 0
+		for _, v := range variants {
+			if c := cells[v.name]; s == stages.Finalizer && v.policy && len(c.Reps) > 0 && c.Reps[0].Stages[s].Count > 0 {
+				observed = true
+			}
+		}
+		if !observed {
 			t.Errorf("student-bridge: no %s stage observed", s)
 		}
 	}
