@@ -119,13 +119,15 @@ func Children() []Child {
 }
 
 // natsChildEnv, set in a test binary's environment, makes RunTests (and
-// RunWithoutStack) serve NATS instead of running tests: the child NATSProcess starts.
+// RunWithoutStack) serve NATS instead of running tests: the child
+// NATSProcess starts.
 const natsChildEnv = "STUDENT_BRIDGE_TEST_NATS_CHILD"
 
 // NATSProcess starts a NATS server with JetStream in a process of its own
 // (this test binary again, whose TestMain calls RunTests or
-// RunWithoutStack) and returns its URL; the server stops with tb. A benchmark of a client uses it, so that
-// the allocations and context switches it counts are the client's alone.
+// RunWithoutStack) and returns its URL; the server stops with tb. A
+// benchmark of a client uses it, so that the allocations and context
+// switches it counts are the client's alone.
 func NATSProcess(tb testing.TB) string {
 	tb.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
